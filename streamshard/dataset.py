@@ -1,0 +1,280 @@
+"""``ParquetStream``: an ``IterableDataset`` that gives every row to exactly one global worker.
+
+Each DataLoader worker computes its own plan from the same inputs (catalog, seed, epoch,
+topology), so workers and ranks agree without talking to each other. Nothing is opened in
+``__init__``: the footers are read on first use of the catalog, the data files in ``__iter__``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import torch
+from torch.utils.data import IterableDataset
+
+from .catalog import Catalog
+from .errors import ReadError
+from .plan import EpochPlan, Layout, PlanConfig, WorkerPlan
+from .reader import RowGroupReader, read_ahead
+from .tensors import Batch, BatchConverter
+from .topology import Topology, current_worker, resolve_rank_world
+
+log = logging.getLogger("streamshard")
+
+SAMPLE_ID = "sample_id"
+
+
+class ParquetStream(IterableDataset):
+    """Stream Parquet files (any fsspec URL, directory or glob) as batches of tensors.
+
+    Every batch is a ``dict[str, torch.Tensor]`` (strings stay Python lists) with an int64
+    ``sample_id``: the row's global index in catalog order, or -1 for a padding row. Use it as
+    ``DataLoader(ds, batch_size=None, num_workers=N)``; with ``uneven="pad"`` every global
+    worker (``rank * num_workers + worker_id``) yields the same number of batches, so DDP
+    never waits on a rank that ran dry.
+
+    Args:
+        paths: a file, directory or glob, or a list of them; any fsspec URL.
+        columns: columns to read (None: all). Missing columns are an error at catalog time.
+        batch_size: None for one batch per row-group slice; an int for exactly that many rows
+            per batch (a short last batch is padded with padding rows, or dropped with "drop").
+        unit: what is shuffled and kept together: "row_group" or "file". Work is always
+            balanced by rows; a unit may be split between two neighbouring workers.
+        shuffle, seed: permute units and rows within each piece, deterministically per
+            (seed, epoch); call ``set_epoch`` every epoch.
+        uneven: "pad" (padding batches, sample_id -1) or "drop" (every worker truncated to the
+            smallest count; ``epoch_summary`` reports the dropped rows and a warning is logged).
+        rank, world_size: default to torch.distributed, then RANK/WORLD_SIZE, then 0/1.
+        storage_options: passed to fsspec (credentials, endpoint_url, ...).
+        transform: called on each batch inside the worker (padding batches included).
+        read_ahead: row-group slices read in the background ahead of the one being consumed.
+    """
+
+    def __init__(
+        self,
+        paths: str | Sequence[str],
+        columns: Sequence[str] | None = None,
+        batch_size: int | None = None,
+        unit: str = "row_group",
+        shuffle: bool = False,
+        seed: int = 0,
+        uneven: str = "pad",
+        rank: int | None = None,
+        world_size: int | None = None,
+        storage_options: dict[str, Any] | None = None,
+        transform: Callable[[Batch], Any] | None = None,
+        read_ahead: int = 2,
+    ) -> None:
+        super().__init__()
+        if isinstance(paths, (list, tuple)):
+            if not paths or not all(isinstance(p, str) for p in paths):
+                raise ValueError(f"paths must be a non-empty str or list of str, got {paths!r}")
+            self.paths: list[str] = list(paths)
+        elif isinstance(paths, str) and paths:
+            self.paths = [paths]
+        else:
+            raise ValueError(f"paths must be a non-empty str or list of str, got {paths!r}")
+        if columns is not None and (isinstance(columns, str) or not all(isinstance(c, str) for c in columns)):
+            raise ValueError(f"columns must be a list of column names or None, got {columns!r}")
+        if transform is not None and not callable(transform):
+            raise ValueError(f"transform must be callable, got {transform!r}")
+        if not isinstance(read_ahead, int) or read_ahead < 0:
+            raise ValueError(f"read_ahead must be an int >= 0, got {read_ahead!r}")
+        self.columns = list(columns) if columns is not None else None
+        self.config = PlanConfig(unit=unit, shuffle=bool(shuffle), seed=seed, batch_size=batch_size, uneven=uneven)
+        self.rank, self.world_size = resolve_rank_world(rank, world_size)
+        self.storage_options = dict(storage_options or {})
+        self.transform = transform
+        self.read_ahead = read_ahead
+        self._catalog: Catalog | None = None
+        self._converter: BatchConverter | None = None
+        # Shared memory, so set_epoch reaches persistent DataLoader workers too.
+        self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
+
+    # -- epoch and catalog --------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose (seed, epoch) order the next ``__iter__`` follows."""
+        if not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        self._epoch.fill_(int(epoch))
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch.item())
+
+    @property
+    def catalog(self) -> Catalog:
+        """The files and row groups, read from the footers on first access (then kept)."""
+        if self._catalog is None:
+            catalog = Catalog.build(self.paths, self.columns, self.storage_options)
+            self._converter = BatchConverter(catalog.schema, source=catalog.urls[0])
+            self._catalog = catalog
+        return self._catalog
+
+    def epoch_plan(self, num_workers: int = 0, epoch: int | None = None) -> EpochPlan:
+        """The plan of an epoch for this dataset's world size and ``num_workers`` DataLoader workers."""
+        topology = Topology(0, self.world_size, 0, num_workers)
+        catalog = self.catalog
+        return EpochPlan(
+            Layout(catalog.rg_rows, catalog.rg_file),
+            self.config,
+            self.epoch if epoch is None else epoch,
+            topology.num_global_workers,
+        )
+
+    def epoch_summary(self, num_workers: int = 0, epoch: int | None = None) -> dict[str, Any]:
+        """Steps, rows, padding and dropped rows of an epoch (what ``uneven`` costs)."""
+        plan = self.epoch_plan(num_workers, epoch)
+        real = np.minimum(plan.batches_per_worker(), plan.steps)
+        return {
+            "epoch": plan.epoch,
+            "global_workers": plan.num_workers,
+            "rows": plan.total_rows,
+            "steps_per_worker": plan.steps,
+            "padding_batches": int((plan.steps - real).sum()),
+            "dropped_rows": plan.dropped_rows(),
+        }
+
+    def steps_per_epoch(self, num_workers: int = 0, epoch: int | None = None) -> int:
+        """Batches each rank gets from ``DataLoader(ds, batch_size=None, num_workers=...)``."""
+        return self.epoch_plan(num_workers, epoch).steps * max(num_workers, 1)
+
+    # -- iteration ----------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        worker_id, num_workers = current_worker()
+        topology = Topology(self.rank, self.world_size, worker_id, num_workers)
+        plan = self.epoch_plan(num_workers)
+        if topology.global_worker_id == 0 and self.config.uneven == "drop":
+            dropped = plan.dropped_rows()
+            if dropped:
+                log.warning("uneven='drop' leaves out %d of %d rows in epoch %d", dropped, plan.total_rows, plan.epoch)
+        batches = self._worker_batches(plan, plan.worker_plan(topology.global_worker_id))
+        if self.transform is None:
+            return batches
+        return (self.transform(batch) for batch in batches)
+
+    def _worker_batches(self, plan: EpochPlan, work: WorkerPlan) -> Iterator[Batch]:
+        catalog, converter = self.catalog, self._converter
+        assert converter is not None
+        reader = RowGroupReader(catalog.urls, catalog.file_sizes, catalog.columns, self.storage_options)
+        try:
+            pieces = range(_pieces_needed(work, self.config.batch_size))
+            tables = read_ahead(lambda i: self._read_piece(reader, plan, work, i), pieces, self.read_ahead)
+            real = _rebatch(tables, self.config.batch_size, work, converter)
+            last: Batch | None = None
+            for last in real:
+                yield last
+            padding = work.steps - work.real_batches
+            if padding > 0:
+                template = last if last is not None else self._template_batch(reader, plan)
+                pad = _padding_like(template, len(template[SAMPLE_ID]))
+                for _ in range(padding):
+                    yield _clone(pad)
+        finally:
+            reader.close()
+
+    def _read_piece(self, reader: RowGroupReader, plan: EpochPlan, work: WorkerPlan, i: int) -> pa.Table:
+        catalog = self.catalog
+        rg, start, stop = (int(a[i]) for a in (work.pieces.rg, work.pieces.start, work.pieces.stop))
+        table = reader.read(int(catalog.rg_file[rg]), int(catalog.rg_index[rg]))
+        if table.num_rows != catalog.rg_rows[rg]:
+            raise ReadError(
+                f"{catalog.urls[int(catalog.rg_file[rg])]}: row group {int(catalog.rg_index[rg])} has "
+                f"{table.num_rows} rows but its footer said {int(catalog.rg_rows[rg])}; did the file change?"
+            )
+        ids = np.arange(start, stop, dtype=np.int64)
+        order = plan.row_order(rg, start, stop)
+        if order is not None:
+            ids = ids[order]
+        table = table.take(pa.array(ids)) if order is not None else table.slice(start, stop - start)
+        return table.append_column(SAMPLE_ID, pa.array(ids + catalog.rg_first_id[rg]))
+
+    def _template_batch(self, reader: RowGroupReader, plan: EpochPlan) -> Batch:
+        """A batch of real shape for a worker with no rows of its own (more workers than rows)."""
+        catalog, converter = self.catalog, self._converter
+        assert converter is not None
+        nonempty = np.flatnonzero(catalog.rg_rows)
+        rows = self.config.batch_size or max(1, -(-plan.total_rows // plan.num_workers))
+        if len(nonempty) == 0:  # an empty dataset has no shapes to copy; a 0-row batch keeps the keys
+            table = pa.Table.from_batches([], schema=catalog.schema)
+            return _with_ids(converter(table), np.zeros(0, dtype=np.int64))
+        rg = int(nonempty[0])
+        table = reader.read(int(catalog.rg_file[rg]), int(catalog.rg_index[rg])).slice(0, rows)
+        batch = _with_ids(converter(table), np.full(table.num_rows, -1, dtype=np.int64))
+        if table.num_rows < rows:
+            batch = _concat(batch, _padding_like(batch, rows - table.num_rows))
+        return batch
+
+
+
+def _pieces_needed(work: WorkerPlan, batch_size: int | None) -> int:
+    """How many of its pieces a worker reads: with "drop" it stops once its steps are full."""
+    if batch_size is None:
+        return work.real_batches
+    rows = np.cumsum(work.pieces.rows)
+    return int(np.searchsorted(rows, work.rows, side="left") + 1) if work.rows else 0
+
+
+def _rebatch(
+    tables: Iterator[pa.Table], batch_size: int | None, work: WorkerPlan, convert: BatchConverter
+) -> Iterator[Batch]:
+    """Convert piece tables into the worker's real batches (exactly ``batch_size`` rows each)."""
+    if batch_size is None:
+        for table in tables:
+            yield _as_batch(table, convert)
+        return
+    pending: pa.Table | None = None
+    emitted = 0
+    for table in tables:
+        pending = table if pending is None else pa.concat_tables([pending, table])
+        while pending.num_rows >= batch_size and emitted < work.real_batches:
+            yield _as_batch(pending.slice(0, batch_size), convert)
+            pending = pending.slice(batch_size)
+            emitted += 1
+    if emitted < work.real_batches and pending is not None and pending.num_rows:
+        batch = _as_batch(pending, convert)  # the short last batch, topped up with padding rows
+        yield _concat(batch, _padding_like(batch, batch_size - pending.num_rows))
+
+
+def _as_batch(table: pa.Table, convert: BatchConverter) -> Batch:
+    ids = table.column(SAMPLE_ID).to_numpy()
+    return _with_ids(convert(table.drop_columns([SAMPLE_ID])), ids)
+
+
+def _with_ids(batch: Batch, ids: np.ndarray) -> Batch:
+    batch[SAMPLE_ID] = torch.from_numpy(np.array(ids, dtype=np.int64, copy=True))
+    return batch
+
+
+def _padding_like(batch: Batch, rows: int) -> Batch:
+    """``rows`` padding rows shaped like ``batch``: zeros, False, None, and sample_id -1."""
+    out: Batch = {}
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor):
+            out[key] = value.new_zeros((rows,) + tuple(value.shape[1:]))
+        else:
+            out[key] = [None] * rows
+    out[SAMPLE_ID] = torch.full((rows,), -1, dtype=torch.int64)
+    return out
+
+
+def _concat(a: Batch, b: Batch) -> Batch:
+    out: Batch = {}
+    for key, value in a.items():
+        other = b[key]
+        if isinstance(value, torch.Tensor):
+            if value.dim() == 2 and value.shape[1] != other.shape[1]:
+                width = max(value.shape[1], other.shape[1])
+                value = torch.nn.functional.pad(value, (0, width - value.shape[1]))
+                other = torch.nn.functional.pad(other, (0, width - other.shape[1]))
+            out[key] = torch.cat([value, other])
+        else:
+            out[key] = list(value) + list(other)
+    return out
+
+
+def _clone(batch: Batch) -> Batch:
+    return {k: v.clone() if isinstance(v, torch.Tensor) else list(v) for k, v in batch.items()}

@@ -1,0 +1,19 @@
+"""The few exception types streamshard raises; each carries what is at fault in its message."""
+
+from __future__ import annotations
+
+
+class StreamshardError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class CatalogError(StreamshardError, ValueError):
+    """A set of paths cannot become a catalog: nothing matched, not Parquet, schemas disagree."""
+
+
+class ReadError(StreamshardError, OSError):
+    """Reading a row group failed; the message names the URL, the row group and the cause."""
+
+
+class ConversionError(StreamshardError, TypeError):
+    """A column has no tensor meaning (or needs a cast); the message names the file and column."""

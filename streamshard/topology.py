@@ -1,0 +1,97 @@
+"""Who am I: rank and world size of the data-parallel job, DataLoader worker, global worker id.
+
+Resolution order for rank/world size: explicit arguments, then an initialised
+``torch.distributed`` process group, then the ``RANK``/``WORLD_SIZE`` environment variables
+(as set by ``torchrun``), then a single process.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Topology:
+    """One global worker's place among all of them.
+
+    ``num_workers`` is the DataLoader's worker count; 0 means the main process reads, which
+    counts as one worker per rank.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    worker_id: int = 0
+    num_workers: int = 0
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {self.world_size}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be in [0, world_size={self.world_size}), got {self.rank}")
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {self.num_workers}")
+        if not 0 <= self.worker_id < self.workers_per_rank:
+            raise ValueError(
+                f"worker_id must be in [0, {self.workers_per_rank}), got {self.worker_id}"
+            )
+
+    @property
+    def workers_per_rank(self) -> int:
+        return max(self.num_workers, 1)
+
+    @property
+    def num_global_workers(self) -> int:
+        return self.world_size * self.workers_per_rank
+
+    @property
+    def global_worker_id(self) -> int:
+        return self.rank * self.workers_per_rank + self.worker_id
+
+
+def resolve_rank_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
+    """Return ``(rank, world_size)``: explicit values win, then torch.distributed, then env vars."""
+    dist_rank, dist_world = _from_torch_distributed()
+    env_rank, env_world = _from_environment()
+    if world_size is None:
+        world_size = dist_world if dist_world is not None else (env_world or 1)
+    if rank is None:
+        rank = dist_rank if dist_rank is not None else (env_rank or 0)
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    return rank, world_size
+
+
+def current_worker() -> tuple[int, int]:
+    """Return ``(worker_id, num_workers)`` of the calling DataLoader worker; ``(0, 0)`` outside one."""
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    if info is None:
+        return 0, 0
+    return info.id, info.num_workers
+
+
+def _from_torch_distributed() -> tuple[int | None, int | None]:
+    try:
+        import torch.distributed as dist
+    except ImportError:  # torch built without distributed support
+        return None, None
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return None, None
+
+
+def _from_environment() -> tuple[int | None, int | None]:
+    def read(name: str) -> int | None:
+        value = os.environ.get(name)
+        if value is None or value == "":
+            return None
+        try:
+            return int(value)
+        except ValueError:
+            raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+
+    return read("RANK"), read("WORLD_SIZE")
