@@ -90,7 +90,7 @@ class ParquetStream(IterableDataset):
         self.transform = transform
         self.read_ahead = read_ahead
         self._catalog: Catalog | None = None
-        self._converter: BatchConverter | None = None
+        self._converter: BatchConverter | None = None  # derived from the catalog; not pickled
         # Shared memory, so set_epoch reaches persistent DataLoader workers too.
         self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
 
@@ -113,6 +113,17 @@ class ParquetStream(IterableDataset):
             self._converter = BatchConverter(catalog.schema, source=catalog.urls[0])
             self._catalog = catalog
         return self._catalog
+
+    @property
+    def converter(self) -> BatchConverter:
+        """How this dataset's columns become tensors (checked against the schema on first use)."""
+        if self._converter is None:
+            self._converter = BatchConverter(self.catalog.schema, source=self.catalog.urls[0])
+        return self._converter
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Spawned DataLoader workers receive a pickled copy: plain data only, no closures or handles.
+        return {**self.__dict__, "_converter": None}
 
     def epoch_plan(self, num_workers: int = 0, epoch: int | None = None) -> EpochPlan:
         """The plan of an epoch for this dataset's world size and ``num_workers`` DataLoader workers."""
@@ -157,11 +168,10 @@ class ParquetStream(IterableDataset):
         return (self.transform(batch) for batch in batches)
 
     def _worker_batches(self, plan: EpochPlan, work: WorkerPlan) -> Iterator[Batch]:
-        catalog, converter = self.catalog, self._converter
-        assert converter is not None
+        catalog, converter = self.catalog, self.converter
         reader = RowGroupReader(catalog.urls, catalog.file_sizes, catalog.columns, self.storage_options)
         try:
-            pieces = range(_pieces_needed(work, self.config.batch_size))
+            pieces = range(len(work.pieces))
             tables = read_ahead(lambda i: self._read_piece(reader, plan, work, i), pieces, self.read_ahead)
             real = _rebatch(tables, self.config.batch_size, work, converter)
             last: Batch | None = None
@@ -194,8 +204,7 @@ class ParquetStream(IterableDataset):
 
     def _template_batch(self, reader: RowGroupReader, plan: EpochPlan) -> Batch:
         """A batch of real shape for a worker with no rows of its own (more workers than rows)."""
-        catalog, converter = self.catalog, self._converter
-        assert converter is not None
+        catalog, converter = self.catalog, self.converter
         nonempty = np.flatnonzero(catalog.rg_rows)
         rows = self.config.batch_size or max(1, -(-plan.total_rows // plan.num_workers))
         if len(nonempty) == 0:  # an empty dataset has no shapes to copy; a 0-row batch keeps the keys
@@ -208,14 +217,6 @@ class ParquetStream(IterableDataset):
             batch = _concat(batch, _padding_like(batch, rows - table.num_rows))
         return batch
 
-
-
-def _pieces_needed(work: WorkerPlan, batch_size: int | None) -> int:
-    """How many of its pieces a worker reads: with "drop" it stops once its steps are full."""
-    if batch_size is None:
-        return work.real_batches
-    rows = np.cumsum(work.pieces.rows)
-    return int(np.searchsorted(rows, work.rows, side="left") + 1) if work.rows else 0
 
 
 def _rebatch(

@@ -155,7 +155,7 @@ class EpochPlan:
 
     # -- one worker -------------------------------------------------------------------------
     def pieces(self, worker: int) -> Pieces:
-        """The row-group slices worker ``worker`` reads, in read order."""
+        """The row-group slices of worker ``worker``'s block, in stream order (before dropping)."""
         self._check_worker(worker)
         begin, end = (int(x) for x in self.block_bounds(worker))
         if end <= begin:
@@ -168,22 +168,22 @@ class EpochPlan:
         rg_begin = self.ends[positions] - self.layout.rg_rows[rgs]
         start = np.maximum(begin - rg_begin, 0)
         stop = np.minimum(end - rg_begin, self.layout.rg_rows[rgs])
-        pieces = Pieces(rgs.astype(np.int64), start.astype(np.int64), stop.astype(np.int64))
-        if self.config.shuffle and self.config.unit == "file":
-            pieces = self._shuffle_within_files(pieces)
-        return pieces
+        return Pieces(rgs.astype(np.int64), start.astype(np.int64), stop.astype(np.int64))
 
     def worker_plan(self, worker: int) -> WorkerPlan:
+        """What ``worker`` reads and delivers: its block, cut to ``steps`` batches, in read order."""
         pieces = self.pieces(worker)
         steps, bs = self.steps, self.config.batch_size
-        rows = int(pieces.rows.sum())
         if bs is None:
             real = min(len(pieces), steps)
-            delivered = int(pieces.rows[:real].sum())
+            pieces = Pieces(pieces.rg[:real], pieces.start[:real], pieces.stop[:real])
         else:
+            rows = int(pieces.rows.sum())
             real = min(-(-rows // bs), steps)
-            delivered = min(rows, steps * bs)
-        return WorkerPlan(worker, pieces, steps, real, delivered)
+            pieces = _truncate_rows(pieces, min(rows, steps * bs))
+        if self.config.shuffle and self.config.unit == "file":
+            pieces = self._shuffle_within_files(pieces)
+        return WorkerPlan(worker, pieces, steps, real, int(pieces.rows.sum()))
 
     def dropped_rows(self) -> int:
         """Rows no worker delivers this epoch (always 0 with ``uneven="pad"``)."""
@@ -193,13 +193,11 @@ class EpochPlan:
         begin, end = self.block_bounds(np.arange(self.num_workers))
         if bs is not None:
             return int(np.maximum(end - begin - steps * bs, 0).sum())
-        counts = self.pieces_per_worker()
+        if steps == 0:
+            return self.total_rows
+        # steps is the smallest piece count, so every worker has a piece number steps-1.
         first = np.searchsorted(self.ends, begin, side="right")
-        # Rows of each worker's first `steps` pieces: up to the end of piece number steps-1.
-        kept_end = np.where(
-            counts > 0, np.minimum(self.ends[np.minimum(first + steps - 1, len(self.ends) - 1)], end), begin
-        )
-        kept = np.where(steps > 0, kept_end - begin, 0)
+        kept = np.minimum(self.ends[first + steps - 1], end) - begin
         return int((end - begin - kept).sum())
 
     def row_order(self, rg: int, start: int, stop: int) -> np.ndarray | None:
@@ -223,6 +221,16 @@ class EpochPlan:
     def _check_worker(self, worker: int) -> None:
         if not 0 <= worker < self.num_workers:
             raise ValueError(f"worker must be in [0, {self.num_workers}), got {worker}")
+
+
+def _truncate_rows(pieces: Pieces, keep: int) -> Pieces:
+    """The first ``keep`` rows of ``pieces`` (in order), cutting the last piece short."""
+    ends = np.cumsum(pieces.rows)
+    count = int(np.searchsorted(ends, keep, side="left")) + 1 if keep else 0
+    stop = pieces.stop[:count].copy()
+    if count:
+        stop[-1] -= ends[count - 1] - keep
+    return Pieces(pieces.rg[:count], pieces.start[:count], stop)
 
 
 def stream_order(layout: Layout, config: PlanConfig, epoch: int) -> np.ndarray:

@@ -1,0 +1,142 @@
+"""ParquetStream through a real DataLoader on local disk: the invariants, end to end."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import streamshard as ss
+from streamshard.testing import write_corpus
+from helpers import assert_equal_steps, assert_exactly_once, assert_rows_match_ids, ids_of, run_epoch
+
+NUM_ROWS_SKEWED = 900 + 700 + 1100 + 36 + 5 + 291
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 3])
+@pytest.mark.parametrize(
+    "world_size, unit, batch_size, shuffle",
+    [(1, "row_group", None, False), (2, "file", 64, True), (3, "row_group", 100, True), (4, "file", None, True)],
+)
+def test_every_row_once_and_equal_steps_across_ranks_and_workers(
+    skewed_corpus, num_workers, world_size, unit, batch_size, shuffle
+):
+    def make(rank, world):
+        return ss.ParquetStream(
+            skewed_corpus, batch_size=batch_size, unit=unit, shuffle=shuffle, seed=7, rank=rank, world_size=world
+        )
+
+    per_rank = run_epoch(make, world_size, num_workers, epoch=1)
+    assert_exactly_once(per_rank, NUM_ROWS_SKEWED)
+    assert_equal_steps(per_rank)
+    assert_rows_match_ids(per_rank)
+    if batch_size is not None:
+        assert all(len(b["sample_id"]) == batch_size for batches in per_rank for b in batches)
+
+
+def test_drop_truncates_to_the_smallest_worker_and_reports_what_it_dropped(skewed_corpus):
+    make = lambda r, w: ss.ParquetStream(skewed_corpus, batch_size=64, uneven="drop", rank=r, world_size=w)  # noqa: E731
+    per_rank = run_epoch(make, 3, 2)
+    assert_equal_steps(per_rank)
+    ids = np.concatenate([ids_of(b) for b in per_rank])
+    assert (ids >= 0).all() and len(np.unique(ids)) == len(ids)
+    summary = make(0, 3).epoch_summary(num_workers=2)
+    assert summary["dropped_rows"] == NUM_ROWS_SKEWED - len(ids) > 0
+    assert summary["padding_batches"] == 0
+
+
+def test_more_workers_than_rows_pads_with_real_shapes(tmp_path):
+    write_corpus(str(tmp_path), [[3], [2]])
+    make = lambda r, w: ss.ParquetStream(str(tmp_path), batch_size=4, rank=r, world_size=w)  # noqa: E731
+    per_rank = run_epoch(make, 4, 2)
+    assert_exactly_once(per_rank, 5)
+    assert_equal_steps(per_rank)
+    for batches in per_rank:
+        for b in batches:
+            assert b["input_ids"].dim() == 2 and len(b["sample_id"]) == 4
+            assert torch.all(b["id"][b["sample_id"] < 0] == 0)
+
+
+def test_same_seed_and_epoch_give_byte_identical_batches(skewed_corpus):
+    def epoch(seed, e):
+        ds = ss.ParquetStream(skewed_corpus, batch_size=50, shuffle=True, seed=seed, rank=1, world_size=2)
+        ds.set_epoch(e)
+        return list(DataLoader(ds, batch_size=None, num_workers=2))
+
+    first, again = epoch(3, 2), epoch(3, 2)
+    assert len(first) == len(again)
+    for a, b in zip(first, again):
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[k], b[k]) for k in a if isinstance(a[k], torch.Tensor))
+    assert not torch.equal(ids_of_tensor(first), ids_of_tensor(epoch(3, 3)))
+    assert not torch.equal(ids_of_tensor(first), ids_of_tensor(epoch(4, 2)))
+
+
+def ids_of_tensor(batches):
+    return torch.cat([b["sample_id"] for b in batches])
+
+
+def test_set_epoch_reaches_persistent_workers(skewed_corpus):
+    ds = ss.ParquetStream(skewed_corpus, batch_size=32, shuffle=True, rank=0, world_size=1)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    seen = []
+    for e in range(2):
+        ds.set_epoch(e)
+        seen.append(ids_of_tensor(list(loader)))
+    fresh = ss.ParquetStream(skewed_corpus, batch_size=32, shuffle=True, rank=0, world_size=1)
+    fresh.set_epoch(1)
+    assert torch.equal(seen[1], ids_of_tensor(list(DataLoader(fresh, batch_size=None, num_workers=2))))
+    assert not torch.equal(seen[0], seen[1])
+
+
+def test_unshuffled_single_worker_reads_in_catalog_order(small_corpus):
+    ids = ids_of_tensor(list(ss.ParquetStream(small_corpus, rank=0, world_size=1)))
+    assert torch.equal(ids, torch.arange(len(ids)))
+
+
+def test_transform_runs_in_the_worker_on_every_batch(small_corpus):
+    ds = ss.ParquetStream(small_corpus, batch_size=16, transform=lambda b: {**b, "double": b["id"] * 2}, rank=0, world_size=1)
+    batches = list(DataLoader(ds, batch_size=None, num_workers=1))
+    assert all(torch.equal(b["double"], b["id"] * 2) for b in batches)
+
+
+def test_column_projection_reads_only_those_columns(small_corpus):
+    batch = next(iter(ss.ParquetStream(small_corpus, columns=["score", "id"], rank=0, world_size=1)))
+    assert set(batch) == {"score", "id", "sample_id"}
+    assert batch["score"].dtype == torch.float32
+
+
+def test_dataset_pickles_cheaply_before_and_after_the_catalog(skewed_corpus):
+    ds = ss.ParquetStream(skewed_corpus, rank=0, world_size=1)
+    assert len(pickle.dumps(ds)) < 4_000
+    ds.catalog  # footers read, still no open handles
+    clone = pickle.loads(pickle.dumps(ds))
+    assert clone.catalog.num_rows == NUM_ROWS_SKEWED
+    assert len(pickle.dumps(ds)) < 20_000
+
+
+def test_rank_and_world_size_default_to_the_environment(monkeypatch, small_corpus):
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "5")
+    ds = ss.ParquetStream(small_corpus)
+    assert (ds.rank, ds.world_size) == (2, 5)
+    explicit = ss.ParquetStream(small_corpus, rank=0, world_size=1)
+    assert (explicit.rank, explicit.world_size) == (0, 1)
+    monkeypatch.setenv("RANK", "x")
+    with pytest.raises(ValueError, match="RANK"):
+        ss.ParquetStream(small_corpus)
+
+
+def test_steps_per_epoch_matches_what_the_loader_yields(skewed_corpus):
+    ds = ss.ParquetStream(skewed_corpus, batch_size=40, rank=1, world_size=3)
+    assert ds.steps_per_epoch(num_workers=2) == len(list(DataLoader(ds, batch_size=None, num_workers=2)))
+
+
+def test_spawned_workers_receive_a_working_copy(small_corpus):
+    ds = ss.ParquetStream(small_corpus, batch_size=20, rank=0, world_size=1)
+    ds.catalog  # built in the parent, shipped to the child by pickling
+    loader = DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="spawn")
+    assert_exactly_once([list(loader)], ds.catalog.num_rows)

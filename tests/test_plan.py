@@ -1,0 +1,142 @@
+"""Property tests of the pure planner: exactly once, equal steps, bounded padding, determinism."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from streamshard.plan import EpochPlan, Layout, PlanConfig
+
+rows_st = st.one_of(st.just(0), st.integers(1, 10_000), st.integers(1, 50))
+layouts = st.lists(st.lists(rows_st, max_size=20), min_size=1, max_size=200)
+configs = st.builds(
+    PlanConfig,
+    unit=st.sampled_from(["row_group", "file"]),
+    shuffle=st.booleans(),
+    seed=st.integers(0, 2**64 - 1),
+    batch_size=st.one_of(st.none(), st.integers(1, 4096)),
+    uneven=st.sampled_from(["pad", "drop"]),
+)
+PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def make_layout(files: list[list[int]]) -> Layout:
+    rows = np.array([r for f in files for r in f], dtype=np.int64)
+    file_of = np.repeat(np.arange(len(files)), [len(f) for f in files]).astype(np.int64)
+    return Layout(rows, file_of)
+
+
+def worker_intervals(plan: EpochPlan, worker: int, delivered_only: bool) -> list[tuple[int, int]]:
+    """Global sample-id intervals a worker delivers (or is assigned, when not delivered_only)."""
+    pieces = plan.worker_plan(worker).pieces if delivered_only else plan.pieces(worker)
+    first = plan.layout.rg_first_id[pieces.rg]
+    return [(int(a), int(b)) for a, b in zip(first + pieces.start, first + pieces.stop)]
+
+
+def assert_tiles(intervals: list[tuple[int, int]], total: int, layout: Layout) -> None:
+    """The intervals cover every row of every non-empty row group exactly once."""
+    intervals = sorted(intervals)
+    covered = sum(b - a for a, b in intervals)
+    assert covered == total
+    for (a0, b0), (a1, b1) in zip(intervals, intervals[1:]):
+        assert b0 <= a1, f"overlap: {(a0, b0)} and {(a1, b1)}"
+    assert all(b > a for a, b in intervals), "empty piece planned"
+
+
+@PROPERTY
+@given(files=layouts, world=st.integers(1, 16), workers=st.integers(0, 8), config=configs, epoch=st.integers(0, 3))
+def test_every_row_is_read_by_exactly_one_worker_and_steps_are_equal(files, world, workers, config, epoch):
+    layout = make_layout(files)
+    g = world * max(workers, 1)
+    plan = EpochPlan(layout, config, epoch, g)
+    total = int(layout.rg_rows.sum())
+
+    read = [iv for w in range(g) for iv in worker_intervals(plan, w, delivered_only=False)]
+    assert_tiles(read, total, layout)
+
+    plans = [plan.worker_plan(w) for w in range(g)]
+    assert {p.steps for p in plans} == {plan.steps}
+    real = np.array([p.real_batches for p in plans])
+    assert np.all(real <= plan.steps)
+    # Blocks are balanced by rows: sizes differ by at most one.
+    sizes = np.array([int(plan.pieces(w).rows.sum()) for w in range(g)])
+    assert sizes.max() - sizes.min() <= 1
+    if config.uneven == "pad":
+        assert sum(p.rows for p in plans) == total  # nothing dropped
+        if total:
+            assert real.max() == plan.steps  # padding no more than balancing needs
+        if config.batch_size is not None:
+            assert np.all(plan.steps - real <= 1)
+            assert np.all(real == -(-sizes // config.batch_size))
+        else:
+            assert np.all(real == np.array([len(plan.pieces(w)) for w in range(g)]))
+    else:
+        delivered = [iv for w in range(g) for iv in worker_intervals(plan, w, delivered_only=True)]
+        kept = sum(b - a for a, b in delivered)
+        assert kept + plan.dropped_rows() == total
+        assert kept == sum(p.rows for p in plans)
+        assert np.all(real == plan.steps)  # every worker truncated to the same count
+        if config.batch_size is not None:
+            assert all(p.rows == plan.steps * config.batch_size for p in plans)
+
+
+@PROPERTY
+@given(files=layouts, g=st.integers(1, 64), config=configs, epoch=st.integers(0, 3))
+def test_plans_are_deterministic_and_vectorised_counts_match(files, g, config, epoch):
+    layout = make_layout(files)
+    a, b = EpochPlan(layout, config, epoch, g), EpochPlan(layout, config, epoch, g)
+    for w in range(g):
+        pa_, pb = a.pieces(w), b.pieces(w)
+        for x, y in ((pa_.rg, pb.rg), (pa_.start, pb.start), (pa_.stop, pb.stop)):
+            np.testing.assert_array_equal(x, y)
+    counts = a.pieces_per_worker()
+    assert [len(a.pieces(w)) for w in range(g)] == counts.tolist()
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(2, 3000), seed=st.integers(0, 2**64 - 1), epoch=st.integers(0, 5))
+def test_row_order_within_a_piece_is_a_permutation(n, seed, epoch):
+    plan = EpochPlan(make_layout([[n]]), PlanConfig(shuffle=True, seed=seed), epoch, 1)
+    order = plan.row_order(0, 0, n)
+    np.testing.assert_array_equal(np.sort(order), np.arange(n))
+
+
+def test_shuffle_changes_with_epoch_and_seed_but_not_without_shuffle():
+    layout = make_layout([[10] * 50])
+    order = lambda **kw: EpochPlan(layout, PlanConfig(**kw), kw.pop("epoch", 0), 4).order  # noqa: E731
+    base = EpochPlan(layout, PlanConfig(shuffle=True, seed=1), 0, 4).order
+    assert not np.array_equal(base, EpochPlan(layout, PlanConfig(shuffle=True, seed=1), 1, 4).order)
+    assert not np.array_equal(base, EpochPlan(layout, PlanConfig(shuffle=True, seed=2), 0, 4).order)
+    np.testing.assert_array_equal(order(shuffle=False), np.arange(50))
+
+
+def test_file_unit_keeps_each_files_row_groups_together():
+    layout = make_layout([[5, 5, 5], [7, 7], [1], [2, 2, 2, 2]])
+    plan = EpochPlan(layout, PlanConfig(unit="file", shuffle=True, seed=3), 0, 1)
+    files = layout.rg_file[plan.order]
+    assert len(np.flatnonzero(np.diff(files))) == len(set(files.tolist())) - 1
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"unit": "rowgroup"}, "unit"),
+        ({"uneven": "wrap"}, "uneven"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"batch_size": -3}, "batch_size"),
+        ({"batch_size": 2.5}, "batch_size"),
+        ({"seed": -1}, "seed"),
+    ],
+)
+def test_bad_config_is_rejected_naming_the_argument(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        PlanConfig(**kwargs)
+
+
+def test_planning_scales_without_per_worker_state():
+    layout = Layout(np.full(200_000, 1000, dtype=np.int64), np.arange(200_000, dtype=np.int64) // 10)
+    plan = EpochPlan(layout, PlanConfig(shuffle=True, batch_size=512), 0, 80_000)
+    pieces = plan.pieces(12_345)
+    assert int(pieces.rows.sum()) == 2500 and len(pieces) <= 4 and plan.steps == 5
