@@ -96,10 +96,15 @@ class ParquetStream(IterableDataset):
 
     # -- epoch and catalog --------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose (seed, epoch) order the next ``__iter__`` follows."""
+        """Select the epoch whose (seed, epoch) order the next ``__iter__`` follows.
+
+        Called in the main process before iterating, it also reads the footers the first time,
+        so DataLoader workers inherit the catalog instead of each reading every footer again.
+        """
         if not isinstance(epoch, (int, np.integer)) or epoch < 0:
             raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
         self._epoch.fill_(int(epoch))
+        self.converter  # noqa: B018 - builds the catalog and checks the column types once
 
     @property
     def epoch(self) -> int:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -19,7 +23,7 @@ class LocalS3:
         return {
             "key": "testing",
             "secret": "testing",
-            "client_kwargs": {"endpoint_url": self.endpoint_url, "region_name": "us-east-1"},
+            "client_kwargs": {"endpoint_url": self.endpoint_url, "region_name": "us-west-2"},
             "skip_instance_cache": True,
         }
 
@@ -40,14 +44,44 @@ class LocalS3:
 
 
 @contextmanager
-def local_s3() -> Iterator[LocalS3]:
-    """Run moto's S3 server on 127.0.0.1 (a free port) for the duration of the block."""
-    from moto.server import ThreadedMotoServer
+def local_s3(startup_timeout: float = 30.0) -> Iterator[LocalS3]:
+    """Run moto's S3 server on 127.0.0.1 in a child process for the duration of the block.
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
+    A separate process keeps the server from competing with the reader for the GIL, as a
+    real endpoint would not; the process is stopped (and waited for) on exit.
+    """
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
-        host, port = server._server.server_address  # moto exposes no public accessor for the bound port
-        yield LocalS3(f"http://{host}:{port}")
+        _wait_until_listening(port, server, startup_timeout)
+        yield LocalS3(f"http://127.0.0.1:{port}")
     finally:
-        server.stop()
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_until_listening(port: int, server: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"moto server exited with code {server.returncode} before listening")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"moto server did not listen on 127.0.0.1:{port} within {timeout} s")
