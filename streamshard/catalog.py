@@ -12,12 +12,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import CatalogError
+from .storage import FileSystems
 
 log = logging.getLogger("streamshard")
 
@@ -98,11 +98,12 @@ class Catalog:
         Raises ``CatalogError`` when a path matches nothing, a file is not Parquet, a projected
         column is missing, or two files disagree on a column's type (naming both files).
         """
-        files = list_files(paths, storage_options)
         projection = list(columns) if columns is not None else None
         if projection is not None and len(set(projection)) != len(projection):
             raise ValueError(f"columns has duplicates: {projection}")
-        footers = _read_footers(files, projection, storage_options or {}, max_concurrency)
+        filesystems = FileSystems(storage_options)
+        files = list_files(paths, filesystems)
+        footers = _read_footers(files, projection, filesystems, max_concurrency)
         return cls.from_footers(footers)
 
     @classmethod
@@ -127,9 +128,7 @@ class Catalog:
         )
 
 
-def list_files(
-    paths: str | Sequence[str], storage_options: dict[str, Any] | None = None
-) -> list[tuple[str, int]]:
+def list_files(paths: str | Sequence[str], filesystems: FileSystems | None = None) -> list[tuple[str, int]]:
     """Expand files, directories and globs into sorted, de-duplicated ``(url, size)`` pairs.
 
     Directories are searched recursively; names starting with ``.`` or ``_`` (``_SUCCESS``,
@@ -141,17 +140,18 @@ def list_files(
     paths = [str(p) for p in paths]
     if not paths:
         raise CatalogError("paths is empty: give at least one file, directory or glob")
+    filesystems = filesystems or FileSystems()
     found: dict[str, int] = {}
     for path in paths:
-        matched = _expand(path, storage_options or {})
+        matched = _expand(path, filesystems)
         if not matched:
             raise CatalogError(f"no files matched {path!r}")
         found.update(matched)
     return sorted(found.items())
 
 
-def _expand(path: str, storage_options: dict[str, Any]) -> dict[str, int]:
-    fs, root = fsspec.core.url_to_fs(path, **storage_options)
+def _expand(path: str, filesystems: FileSystems) -> dict[str, int]:
+    fs, root = filesystems.resolve(path)
     if any(ch in root for ch in _GLOB_CHARS):
         entries = fs.glob(root, detail=True)
     elif fs.isdir(root):
@@ -175,12 +175,12 @@ def _expand(path: str, storage_options: dict[str, Any]) -> dict[str, int]:
 def _read_footers(
     files: list[tuple[str, int]],
     columns: list[str] | None,
-    storage_options: dict[str, Any],
+    filesystems: FileSystems,
     max_concurrency: int,
 ) -> list[FileFooter]:
     def one(item: tuple[str, int]) -> FileFooter:
         url, size = item
-        return read_footer(url, size, columns, storage_options)
+        return read_footer(url, size, columns, filesystems)
 
     if len(files) == 1 or max_concurrency <= 1:
         return [one(item) for item in files]
@@ -188,11 +188,9 @@ def _read_footers(
         return list(pool.map(one, files))
 
 
-def read_footer(
-    url: str, size: int, columns: list[str] | None, storage_options: dict[str, Any]
-) -> FileFooter:
+def read_footer(url: str, size: int, columns: list[str] | None, filesystems: FileSystems) -> FileFooter:
     """Read one file's footer with one ranged request for its tail (two if the footer is huge)."""
-    metadata = _fetch_metadata(url, size, storage_options)
+    metadata = _fetch_metadata(url, size, filesystems)
     try:
         schema = metadata.schema.to_arrow_schema()
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for bad schemas
@@ -210,10 +208,10 @@ def read_footer(
     return FileFooter(url, size, rows, schema, _columns_maybe_null(metadata, schema))
 
 
-def _fetch_metadata(url: str, size: int, storage_options: dict[str, Any]) -> pq.FileMetaData:
+def _fetch_metadata(url: str, size: int, filesystems: FileSystems) -> pq.FileMetaData:
     if size < 12:
         raise CatalogError(f"{url}: not a Parquet file ({size} bytes is too small)")
-    fs, path = fsspec.core.url_to_fs(url, **storage_options)
+    fs, path = filesystems.resolve(url)
     probe = min(size, _FOOTER_PROBE_BYTES)
     tail = fs.cat_file(path, start=size - probe, end=size)
     if len(tail) != probe:

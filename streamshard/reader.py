@@ -12,11 +12,11 @@ from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
-import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import ReadError
+from .storage import FileSystems
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -38,7 +38,7 @@ class RowGroupReader:
     ) -> None:
         self.urls, self.sizes = list(urls), [int(s) for s in sizes]
         self.columns = list(columns) if columns is not None else None
-        self.storage_options = dict(storage_options or {})
+        self.filesystems = FileSystems(storage_options)
         self.max_open_files = max_open_files
         self.files_opened = 0  # how many opens this reader did (laziness is observable)
         self._local = threading.local()
@@ -69,7 +69,7 @@ class RowGroupReader:
         if file_index in cache:
             cache.move_to_end(file_index)
             return cache[file_index][0]
-        fs, path = fsspec.core.url_to_fs(self.urls[file_index], **self.storage_options)
+        fs, path = self.filesystems.resolve(self.urls[file_index])
         # No fsspec read-ahead cache: pyarrow asks for exactly the byte ranges it decodes.
         handle = fs.open(path, "rb", cache_type="none", size=self.sizes[file_index])
         with self._lock:

@@ -24,7 +24,6 @@ class LocalS3:
             "key": "testing",
             "secret": "testing",
             "client_kwargs": {"endpoint_url": self.endpoint_url, "region_name": "us-west-2"},
-            "skip_instance_cache": True,
         }
 
     def filesystem(self) -> Any:
