@@ -1,0 +1,146 @@
+"""Benchmark the blend schedule against Megatron-LM's greedy blend builder.
+
+Run: ``.venv/bin/python benchmarks/blend.py`` from the repository root. Prints a table and writes
+``benchmarks/out/blend.json``. Sizes: a 2 * 10**9-sample schedule over 1,000 corpora (uniform
+random weights, seed 0); export of its first 2 * 10**8 positions; a 2 * 10**12-sample schedule
+for random access; the greedy reference at a size it can finish, extrapolated linearly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from streamshard.blend_schedule import BlendSchedule  # noqa: E402
+
+K = 1000
+N = 2 * 10**9
+HUGE = 2 * 10**12
+
+
+def best_of(fn, repeats: int = 3) -> float:
+    """Fastest of ``repeats`` runs (the machine is shared; the minimum is the least disturbed)."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def greedy(weights: np.ndarray, n: int) -> np.ndarray:
+    """Megatron's greedy builder, numpy-vectorised over corpora: argmax of w_k * (i + 1) - count_k."""
+    w = weights / weights.sum()
+    taken = np.zeros(len(w))
+    out = np.empty(n, np.int16)
+    err = np.empty_like(w)
+    for i in range(n):
+        np.multiply(w, i + 1, out=err)
+        err -= taken
+        k = err.argmax()
+        out[i] = k
+        taken[k] += 1
+    return out
+
+
+def max_prefix_error(corpus: np.ndarray, counts: np.ndarray) -> float:
+    """Largest |taken_k(m) - m * count_k / n| over all prefixes m and corpora k."""
+    n = len(corpus)
+    order = np.argsort(corpus, kind="stable")
+    sorted_corpus = corpus[order].astype(np.int64)
+    rank = np.arange(n) - np.searchsorted(sorted_corpus, sorted_corpus)
+    c = counts[sorted_corpus].astype(np.float64)
+    before = np.abs(rank - order * c / n)
+    after = np.abs(rank + 1 - (order + 1) * c / n)
+    return float(max(before.max(), after.max()))
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--export", type=int, default=2 * 10**8, help="positions to export")
+    parser.add_argument("--greedy", type=int, default=200_000, help="greedy reference size")
+    args = parser.parse_args()
+    weights = np.random.default_rng(0).random(K)
+    rng = np.random.default_rng(1)
+    rows: list[tuple[str, float, str]] = []
+
+    construct = best_of(lambda: BlendSchedule(weights, N))
+    sched = BlendSchedule(weights, N)
+    depths = np.array([len(p) for p in sched._tree.paths])
+    rows.append(("construct 2e9 x 1000 corpora", construct, "s"))
+    mean_depth = float(np.average(depths, weights=sched.counts))
+    rows.append(("  tree depth (count-weighted mean)", mean_depth, "levels"))
+    rows.append(("  tree depth (max)", float(depths.max()), "levels"))
+    rows.append(("construct 2e12 x 1000 corpora", best_of(lambda: BlendSchedule(weights, HUGE)), "s"))
+    rows.append(("first 1e6 positions (2e9)", best_of(lambda: sched.lookup(np.arange(10**6))), "s"))
+    random_pos = rng.integers(0, N, 10**6)
+    rows.append(("1e6 random positions (2e9)", best_of(lambda: sched.lookup(random_pos)), "s"))
+    huge = BlendSchedule(weights, HUGE)
+    huge_pos = rng.integers(0, HUGE, 10**6)
+    rows.append(("1e6 random positions (2e12)", best_of(lambda: huge.lookup(huge_pos)), "s"))
+    shuffled = BlendSchedule(weights, N, seed=1, order="shuffled")
+    rows.append(("1e6 random positions (2e9, shuffled)", best_of(lambda: shuffled.lookup(random_pos)), "s"))
+
+    # Two runs: the first pays for the kernel (here a fresh VM) handing the process ~2 GB of new
+    # pages; the second reuses freed pages and shows the algorithm's own cost.
+    for run in ("cold", "warm"):
+        rss_before = rss_mb()
+        tracemalloc.start()
+        cpu_before, start = time.process_time(), time.perf_counter()
+        corpus, index = sched.export_megatron(args.export)
+        export_s, export_cpu = time.perf_counter() - start, time.process_time() - cpu_before
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        output_mb = (corpus.nbytes + index.nbytes) / 2**20
+        rows.append((f"export {args.export:.0e} positions (fair, {run}) wall", export_s, "s"))
+        rows.append((f"  export CPU time, user+sys ({run})", export_cpu, "s"))
+        if run == "cold":
+            rows.append(("  export output arrays", output_mb, "MiB"))
+            rows.append(("  export peak traced memory beyond output", peak / 2**20 - output_mb, "MiB"))
+            rows.append(("  process max RSS growth during export", rss_mb() - rss_before, "MiB"))
+        assert np.array_equal(np.bincount(corpus, minlength=K), sched.prefix_counts(args.export))
+        del corpus, index
+
+    greedy_s = best_of(lambda: greedy(weights, args.greedy), repeats=1)
+    rows.append((f"greedy reference {args.greedy:.0e} x 1000 (numpy)", greedy_s, "s"))
+    rows.append(("greedy 2e9 x 1000 (EXTRAPOLATED, linear)", greedy_s * N / args.greedy, "s"))
+    small = BlendSchedule(weights, args.greedy)
+    fair_corpus, _ = small.export_megatron()
+    greedy_corpus = greedy(weights, args.greedy)
+    greedy_counts = np.bincount(greedy_corpus, minlength=K)
+    fair_error = max_prefix_error(fair_corpus, small.counts)
+    greedy_error = max_prefix_error(greedy_corpus, greedy_counts)
+    rows.append((f"max prefix error, fair ({args.greedy:.0e})", fair_error, "samples"))
+    rows.append((f"max prefix error, greedy ({args.greedy:.0e})", greedy_error, "samples"))
+
+    rows.append(("load average (1 min) at the end", os.getloadavg()[0], "runnable"))
+    width = max(len(name) for name, _, _ in rows)
+    print(f"{'measure':<{width}}  {'value':>12}  unit")
+    for name, value, unit in rows:
+        print(f"{name:<{width}}  {value:>12.4g}  {unit}")
+    out = Path(__file__).resolve().parent / "out"
+    out.mkdir(exist_ok=True)
+    record = {
+        "machine": {"python": platform.python_version(), "numpy": np.__version__, "cpus": 2},
+        "args": vars(args),
+        "rows": [{"measure": name, "value": value, "unit": unit} for name, value, unit in rows],
+    }
+    (out / "blend.json").write_text(json.dumps(record, indent=2))
+
+
+if __name__ == "__main__":
+    main()
