@@ -17,7 +17,7 @@ from torch.utils.data import IterableDataset
 
 from .catalog import Catalog
 from .errors import ReadError
-from .plan import EpochPlan, Layout, PlanConfig, WorkerPlan
+from .plan import EpochPlan, Layout, PlanConfig, Pieces, WorkerPlan
 from .reader import RowGroupReader, read_ahead
 from .tensors import Batch, BatchConverter
 from .topology import Topology, current_worker, resolve_rank_world
@@ -173,14 +173,11 @@ class ParquetStream(IterableDataset):
         return (self.transform(batch) for batch in batches)
 
     def _worker_batches(self, plan: EpochPlan, work: WorkerPlan) -> Iterator[Batch]:
-        catalog, converter = self.catalog, self.converter
-        reader = RowGroupReader(catalog.urls, catalog.file_sizes, catalog.columns, self.storage_options)
+        reader = self._reader()
         try:
-            pieces = range(len(work.pieces))
-            tables = read_ahead(lambda i: self._read_piece(reader, plan, work, i), pieces, self.read_ahead)
-            real = _rebatch(tables, self.config.batch_size, work, converter)
+            tables = self.iter_piece_tables(plan, work.pieces, reader)
             last: Batch | None = None
-            for last in real:
+            for last in _rebatch(tables, self.config.batch_size, work, self.converter):
                 yield last
             padding = work.steps - work.real_batches
             if padding > 0:
@@ -191,9 +188,25 @@ class ParquetStream(IterableDataset):
         finally:
             reader.close()
 
-    def _read_piece(self, reader: RowGroupReader, plan: EpochPlan, work: WorkerPlan, i: int) -> pa.Table:
+    def _reader(self) -> RowGroupReader:
         catalog = self.catalog
-        rg, start, stop = (int(a[i]) for a in (work.pieces.rg, work.pieces.start, work.pieces.stop))
+        return RowGroupReader(catalog.urls, catalog.file_sizes, catalog.columns, self.storage_options)
+
+    def iter_piece_tables(
+        self, plan: EpochPlan, pieces: Pieces, reader: RowGroupReader | None = None
+    ) -> Iterator[pa.Table]:
+        """Arrow tables of ``pieces`` (rows in the plan's order) with a ``sample_id`` column, read ahead."""
+        own = reader is None
+        reader = reader or self._reader()
+        try:
+            spans = zip(pieces.rg.tolist(), pieces.start.tolist(), pieces.stop.tolist())
+            yield from read_ahead(lambda span: self._read_piece(reader, plan, *span), spans, self.read_ahead)
+        finally:
+            if own:
+                reader.close()
+
+    def _read_piece(self, reader: RowGroupReader, plan: EpochPlan, rg: int, start: int, stop: int) -> pa.Table:
+        catalog = self.catalog
         table = reader.read(int(catalog.rg_file[rg]), int(catalog.rg_index[rg]))
         if table.num_rows != catalog.rg_rows[rg]:
             raise ReadError(

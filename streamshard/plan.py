@@ -158,7 +158,13 @@ class EpochPlan:
         """The row-group slices of worker ``worker``'s block, in stream order (before dropping)."""
         self._check_worker(worker)
         begin, end = (int(x) for x in self.block_bounds(worker))
-        if end <= begin:
+        return self.pieces_in(begin, end)
+
+    def pieces_in(self, begin: int, end: int) -> Pieces:
+        """The row-group slices holding stream rows ``[begin, end)``, in stream order."""
+        if not 0 <= begin <= end <= self.total_rows:
+            raise ValueError(f"stream range [{begin}, {end}) is outside [0, {self.total_rows})")
+        if end == begin:
             empty = np.zeros(0, dtype=np.int64)
             return Pieces(empty, empty, empty)
         first = int(np.searchsorted(self.ends, begin, side="right"))
