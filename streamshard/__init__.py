@@ -1,17 +1,27 @@
 """streamshard: stream Parquet into PyTorch, every sample to exactly one GPU, exactly once per epoch."""
 
+from .blend_schedule import BlendSchedule, blend_counts
+from .cache import ActivationCache, CacheStats, module_fingerprint
 from .catalog import Catalog
 from .dataset import ParquetStream
 from .errors import CatalogError, ConversionError, ReadError, StreamshardError
-from .permutation import Permutation
+from .permutation import Permutation, mix_seed
+from .prefetch import DevicePrefetcher
 
 __all__ = [
+    "ActivationCache",
+    "BlendSchedule",
+    "CacheStats",
     "Catalog",
     "CatalogError",
     "ConversionError",
+    "DevicePrefetcher",
     "ParquetStream",
     "Permutation",
     "ReadError",
     "StreamshardError",
+    "blend_counts",
+    "mix_seed",
+    "module_fingerprint",
 ]
 __version__ = "0.1.0"
