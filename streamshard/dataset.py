@@ -17,7 +17,8 @@ from torch.utils.data import IterableDataset
 
 from .catalog import Catalog
 from .errors import ReadError
-from .plan import EpochPlan, Layout, PlanConfig, Pieces, WorkerPlan
+from .elastic import STATE_VERSION, Segment, resume_plan, worker_batches_delivered
+from .plan import EpochPlan, Layout, PlanConfig, Pieces, WorkerPlan, skip_rows
 from .reader import RowGroupReader, read_ahead
 from .tensors import Batch, BatchConverter
 from .topology import Topology, current_worker, resolve_rank_world
@@ -93,6 +94,8 @@ class ParquetStream(IterableDataset):
         self._converter: BatchConverter | None = None  # derived from the catalog; not pickled
         # Shared memory, so set_epoch reaches persistent DataLoader workers too.
         self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self._resume: dict[str, Any] | None = None  # a loaded state, applied to iterations of its epoch
+        self._progress: dict[str, Any] | None = None  # what this object's current iteration delivered
 
     # -- epoch and catalog --------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -130,16 +133,117 @@ class ParquetStream(IterableDataset):
         # Spawned DataLoader workers receive a pickled copy: plain data only, no closures or handles.
         return {**self.__dict__, "_converter": None}
 
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.catalog.rg_rows, self.catalog.rg_file)
+
     def epoch_plan(self, num_workers: int = 0, epoch: int | None = None) -> EpochPlan:
-        """The plan of an epoch for this dataset's world size and ``num_workers`` DataLoader workers."""
+        """The plan of a whole epoch for this dataset's world size and ``num_workers`` DataLoader workers."""
         topology = Topology(0, self.world_size, 0, num_workers)
-        catalog = self.catalog
-        return EpochPlan(
-            Layout(catalog.rg_rows, catalog.rg_file),
-            self.config,
-            self.epoch if epoch is None else epoch,
-            topology.num_global_workers,
-        )
+        return EpochPlan(self.layout, self.config, self.epoch if epoch is None else epoch, topology.num_global_workers)
+
+    # -- resume ---------------------------------------------------------------------------------
+    def state_dict(self, consumed_batches: int | None = None, num_workers: int | None = None) -> dict[str, Any]:
+        """A small JSON-serialisable state to resume this epoch from.
+
+        * ``state_dict()`` is this object's own progress. Inside a DataLoader worker (as
+          torchdata's ``StatefulDataLoader`` calls it) that is the worker's progress; with
+          ``num_workers=0`` it is the rank's. It resumes on the same topology.
+        * ``state_dict(consumed_batches=k, num_workers=N)``, called anywhere, describes a rank
+          whose ``DataLoader(num_workers=N)`` delivered ``k`` batches since this epoch's iteration
+          began (after the last ``load_state_dict``). The same state serves every rank, and it
+          resumes on any world size and worker count (elastic), each remaining row exactly once.
+        """
+        epoch = self.epoch
+        if consumed_batches is None:
+            progress = self._progress if self._progress and self._progress["epoch"] == epoch else None
+            if progress is None:
+                return self._rank_state(0, 0) if self._resume is None else dict(self._resume)
+            if progress["num_workers"] == 0:
+                return self._rank_state(progress["delivered"] - progress["skip"], 0)
+            return {
+                **self._state_header(progress["history"]),
+                "kind": "worker",
+                "world_size": self.world_size,
+                "num_workers": progress["num_workers"],
+                "rank": self.rank,
+                "worker_id": progress["worker_id"],
+                "role": progress["role"],
+                "batches": progress["delivered"],
+            }
+        if isinstance(consumed_batches, bool) or not isinstance(consumed_batches, (int, np.integer)) or consumed_batches < 0:
+            raise ValueError(f"consumed_batches must be an int >= 0, got {consumed_batches!r}")
+        return self._rank_state(int(consumed_batches), int(num_workers or 0))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from a ``state_dict``: the next iteration of its epoch continues where it stopped."""
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise ValueError(f"not a streamshard state (version {STATE_VERSION} expected): {state!r:.200}")
+        if state["seed"] != self.config.seed or state["shuffle"] != self.config.shuffle:
+            raise ValueError(
+                f"state was saved with seed={state['seed']}, shuffle={state['shuffle']}; this dataset has "
+                f"seed={self.config.seed}, shuffle={self.config.shuffle}, so the order would differ"
+            )
+        if state["rows"] != self.catalog.num_rows or state["files"] != self.catalog.num_files:
+            raise ValueError(
+                f"state was saved for {state['files']} files / {state['rows']} rows; these paths have "
+                f"{self.catalog.num_files} files / {self.catalog.num_rows} rows"
+            )
+        self._resume = dict(state)
+        self._progress = None
+        self._epoch.fill_(int(state["epoch"]))
+
+    def _state_header(self, history: list[Segment]) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "seed": self.config.seed,
+            "shuffle": self.config.shuffle,
+            "rows": self.catalog.num_rows,
+            "files": self.catalog.num_files,
+            "history": [segment.to_json() for segment in history],
+        }
+
+    def _rank_state(self, consumed: int, num_workers: int) -> dict[str, Any]:
+        history, before = self._resumed_history(num_workers)
+        segment = Segment(self.world_size, num_workers, before + consumed)
+        return {**self._state_header(history + [segment]), "kind": "rank"}
+
+    def _resumed_history(self, num_workers: int) -> tuple[list[Segment], int]:
+        """Segments completed before this topology, and batches per rank already consumed in it."""
+        state = self._resume if self._resume and self._resume["epoch"] == self.epoch else None
+        if state is None:
+            return [], 0
+        history = [Segment.from_json(s) for s in state["history"]]
+        if state["kind"] == "worker":
+            return history, 0
+        last = history[-1] if history else None
+        if last is not None and (last.world_size, last.num_workers) == (self.world_size, num_workers):
+            return history[:-1], last.batches
+        return history, 0
+
+    def _resolve(self, worker_id: int, num_workers: int) -> tuple[EpochPlan, list[Segment], int, int, int]:
+        """(plan, completed history, role, batches this role already delivered, rank batches before)."""
+        history, before = self._resumed_history(num_workers)
+        state = self._resume if self._resume and self._resume["epoch"] == self.epoch else None
+        if state is not None and state["kind"] == "worker":
+            if (state["world_size"], state["num_workers"], state["rank"]) != (self.world_size, num_workers, self.rank):
+                raise ValueError(
+                    "a per-worker state resumes only on the topology that saved it "
+                    f"(world_size={state['world_size']}, num_workers={state['num_workers']}); for elastic "
+                    "resizing save state_dict(consumed_batches=..., num_workers=...) instead"
+                )
+            plan, _ = resume_plan(self.layout, self.config, self.epoch, history, self.world_size, num_workers)
+            if state["worker_id"] != worker_id:
+                raise ValueError(f"state of worker {state['worker_id']} loaded into worker {worker_id}")
+            return plan, history, int(state["role"]), int(state["batches"]), 0
+        full = history + ([Segment(self.world_size, num_workers, before)] if before else [])
+        plan, before = resume_plan(self.layout, self.config, self.epoch, full, self.world_size, num_workers)
+        # A restarted DataLoader starts its round-robin at worker 0, where the uninterrupted run
+        # would continue at worker `before % n`: worker w takes over the role of that one.
+        n = max(num_workers, 1)
+        role = (worker_id + before) % n
+        return plan, history, role, worker_batches_delivered(before, num_workers, role), before
 
     def epoch_summary(self, num_workers: int = 0, epoch: int | None = None) -> dict[str, Any]:
         """Steps, rows, padding and dropped rows of an epoch (what ``uneven`` costs)."""
@@ -161,29 +265,40 @@ class ParquetStream(IterableDataset):
     # -- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         worker_id, num_workers = current_worker()
-        topology = Topology(self.rank, self.world_size, worker_id, num_workers)
-        plan = self.epoch_plan(num_workers)
-        if topology.global_worker_id == 0 and self.config.uneven == "drop":
-            dropped = plan.dropped_rows()
-            if dropped:
-                log.warning("uneven='drop' leaves out %d of %d rows in epoch %d", dropped, plan.total_rows, plan.epoch)
-        batches = self._worker_batches(plan, plan.worker_plan(topology.global_worker_id))
+        plan, history, role, skip, _ = self._resolve(worker_id, num_workers)
+        worker = Topology(self.rank, self.world_size, role, num_workers).global_worker_id
+        if worker == 0 and self.config.uneven == "drop" and plan.dropped_rows():
+            log.warning("uneven='drop' leaves out %d of %d rows in epoch %d", plan.dropped_rows(), plan.total_rows, plan.epoch)
+        progress = {
+            "epoch": plan.epoch, "history": history, "num_workers": num_workers, "worker_id": worker_id,
+            "role": role, "skip": skip, "delivered": skip,
+        }
+        self._progress = progress
+        batches = self._worker_batches(plan, plan.worker_plan(worker), skip, progress)
         if self.transform is None:
             return batches
         return (self.transform(batch) for batch in batches)
 
-    def _worker_batches(self, plan: EpochPlan, work: WorkerPlan) -> Iterator[Batch]:
+    def _worker_batches(self, plan: EpochPlan, work: WorkerPlan, skip: int, progress: dict[str, Any]) -> Iterator[Batch]:
+        """The worker's batches from number ``skip`` on, reading nothing that is skipped."""
+        real, bs = work.real_batches, self.config.batch_size
+        padding = work.steps - max(real, skip)
+        # Padding copies the shape of the last real batch, so a resume past it re-reads that one.
+        first = real - 1 if skip >= real > 0 and padding > 0 else min(skip, real)
+        pieces = work.pieces.take(slice(first, None)) if bs is None else skip_rows(work.pieces, first * bs)
         reader = self._reader()
         try:
-            tables = self.iter_piece_tables(plan, work.pieces, reader)
+            tables = self.iter_piece_tables(plan, pieces, reader)
             last: Batch | None = None
-            for last in _rebatch(tables, self.config.batch_size, work, self.converter):
-                yield last
-            padding = work.steps - work.real_batches
+            for index, last in enumerate(_rebatch(tables, bs, real - first, self.converter), start=first):
+                if index >= skip:
+                    progress["delivered"] += 1
+                    yield last
             if padding > 0:
                 template = last if last is not None else self._template_batch(reader, plan)
                 pad = _padding_like(template, len(template[SAMPLE_ID]))
                 for _ in range(padding):
+                    progress["delivered"] += 1
                     yield _clone(pad)
         finally:
             reader.close()
@@ -199,13 +314,13 @@ class ParquetStream(IterableDataset):
         own = reader is None
         reader = reader or self._reader()
         try:
-            spans = zip(pieces.rg.tolist(), pieces.start.tolist(), pieces.stop.tolist())
+            spans = zip(pieces.rg.tolist(), pieces.lo.tolist(), pieces.hi.tolist())
             yield from read_ahead(lambda span: self._read_piece(reader, plan, *span), spans, self.read_ahead)
         finally:
             if own:
                 reader.close()
 
-    def _read_piece(self, reader: RowGroupReader, plan: EpochPlan, rg: int, start: int, stop: int) -> pa.Table:
+    def _read_piece(self, reader: RowGroupReader, plan: EpochPlan, rg: int, lo: int, hi: int) -> pa.Table:
         catalog = self.catalog
         table = reader.read(int(catalog.rg_file[rg]), int(catalog.rg_index[rg]))
         if table.num_rows != catalog.rg_rows[rg]:
@@ -213,12 +328,9 @@ class ParquetStream(IterableDataset):
                 f"{catalog.urls[int(catalog.rg_file[rg])]}: row group {int(catalog.rg_index[rg])} has "
                 f"{table.num_rows} rows but its footer said {int(catalog.rg_rows[rg])}; did the file change?"
             )
-        ids = np.arange(start, stop, dtype=np.int64)
-        order = plan.row_order(rg, start, stop)
-        if order is not None:
-            ids = ids[order]
-        table = table.take(pa.array(ids)) if order is not None else table.slice(start, stop - start)
-        return table.append_column(SAMPLE_ID, pa.array(ids + catalog.rg_first_id[rg]))
+        rows = plan.row_positions(rg, lo, hi)
+        table = table.take(pa.array(rows)) if plan.config.shuffle else table.slice(lo, hi - lo)
+        return table.append_column(SAMPLE_ID, pa.array(rows + catalog.rg_first_id[rg]))
 
     def _template_batch(self, reader: RowGroupReader, plan: EpochPlan) -> Batch:
         """A batch of real shape for a worker with no rows of its own (more workers than rows)."""
@@ -237,23 +349,21 @@ class ParquetStream(IterableDataset):
 
 
 
-def _rebatch(
-    tables: Iterator[pa.Table], batch_size: int | None, work: WorkerPlan, convert: BatchConverter
-) -> Iterator[Batch]:
-    """Convert piece tables into the worker's real batches (exactly ``batch_size`` rows each)."""
+def _rebatch(tables: Iterator[pa.Table], batch_size: int | None, count: int, convert: BatchConverter) -> Iterator[Batch]:
+    """Convert piece tables into ``count`` real batches (exactly ``batch_size`` rows each)."""
     if batch_size is None:
-        for table in tables:
+        for table, _ in zip(tables, range(count)):
             yield _as_batch(table, convert)
         return
     pending: pa.Table | None = None
     emitted = 0
     for table in tables:
         pending = table if pending is None else pa.concat_tables([pending, table])
-        while pending.num_rows >= batch_size and emitted < work.real_batches:
+        while pending.num_rows >= batch_size and emitted < count:
             yield _as_batch(pending.slice(0, batch_size), convert)
             pending = pending.slice(batch_size)
             emitted += 1
-    if emitted < work.real_batches and pending is not None and pending.num_rows:
+    if emitted < count and pending is not None and pending.num_rows:
         batch = _as_batch(pending, convert)  # the short last batch, topped up with padding rows
         yield _concat(batch, _padding_like(batch, batch_size - pending.num_rows))
 

@@ -3,13 +3,18 @@
 No I/O and no torch here: this is where the invariants live (exactly once, equal steps,
 determinism), so property tests aim at it directly.
 
-The model: the non-empty row groups are laid end to end in *stream order* (catalog order, or a
-(seed, epoch) permutation of units: row groups, or whole files with their row groups kept
-together). The stream's T rows are cut into ``G`` contiguous blocks balanced by rows
-(``T // G`` each, the first ``T % G`` blocks one more), and global worker ``g`` reads block
-``g``. A row group that straddles a block boundary is split between two workers. Everything a
-worker needs is a cumulative sum and two binary searches: O(row groups) memory, never
-O(row groups x workers).
+The model: an epoch is a *stream*, a sequence of segments ``(row_group, lo, hi)`` meaning rows
+``[lo, hi)`` of a row group in its emitted order (a (seed, epoch, row group) permutation of its
+rows when shuffling, file order otherwise). At the start of an epoch the stream is every
+non-empty row group, whole, in *stream order* (catalog order, or a (seed, epoch) permutation of
+units: row groups, or files with their row groups kept together). The stream's T rows are cut
+into ``G`` contiguous blocks balanced by rows (``T // G`` each, the first ``T % G`` one more),
+and global worker ``g`` delivers block ``g`` in stream order. A row group on a block boundary is
+split between two workers. Everything a worker needs is a cumulative sum and two binary
+searches: O(stream length) memory, never O(row groups x workers).
+
+Because the rest of an interrupted epoch is again a stream (``elastic.py``), resuming on a
+different topology is the same planning problem.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ UNITS = ("row_group", "file")
 UNEVEN_POLICIES = ("pad", "drop")
 
 # Domain tags keep the seeds of different shuffles apart.
-_UNIT_ORDER, _PIECE_ORDER, _ROW_ORDER = 1, 2, 3
+_UNIT_ORDER, _IN_FILE_ORDER, _ROW_ORDER = 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,7 @@ class PlanConfig:
                 raise ValueError(f"batch_size must be a positive int or None, got {self.batch_size!r}")
             if self.batch_size <= 0:
                 raise ValueError(f"batch_size must be a positive int or None, got {self.batch_size}")
-        if not isinstance(self.seed, (int, np.integer)) or not 0 <= self.seed < 2**64:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or not 0 <= self.seed < 2**64:
             raise ValueError(f"seed must be an int in [0, 2**64), got {self.seed!r}")
 
 
@@ -73,23 +78,37 @@ class Layout:
 
 @dataclass(frozen=True)
 class Pieces:
-    """A worker's reads in order: rows ``[start, stop)`` of row group ``rg`` (catalog index)."""
+    """Segments in order: rows ``[lo, hi)`` of row group ``rg`` (catalog index), in its emitted order."""
 
     rg: np.ndarray
-    start: np.ndarray
-    stop: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
 
     def __len__(self) -> int:
         return len(self.rg)
 
     @property
     def rows(self) -> np.ndarray:
-        return self.stop - self.start
+        return self.hi - self.lo
+
+    def take(self, index: np.ndarray | slice) -> "Pieces":
+        return Pieces(self.rg[index], self.lo[index], self.hi[index])
+
+    @staticmethod
+    def empty() -> "Pieces":
+        none = np.zeros(0, dtype=np.int64)
+        return Pieces(none, none, none)
+
+    @staticmethod
+    def concat(parts: list["Pieces"]) -> "Pieces":
+        if not parts:
+            return Pieces.empty()
+        return Pieces(*(np.concatenate([getattr(p, f) for p in parts]).astype(np.int64) for f in ("rg", "lo", "hi")))
 
 
 @dataclass(frozen=True)
 class WorkerPlan:
-    """What one global worker does in one epoch.
+    """What one global worker delivers in one epoch.
 
     ``steps`` batches in total: the first ``real_batches`` carry rows, the rest are padding
     (``uneven="pad"``). With ``uneven="drop"`` the worker stops after ``steps`` batches.
@@ -103,16 +122,18 @@ class WorkerPlan:
 
 
 class EpochPlan:
-    """The plan of one epoch for ``num_workers`` global workers, shared by all of them."""
+    """The plan of one epoch (or of the rest of one) for ``num_workers`` global workers."""
 
-    def __init__(self, layout: Layout, config: PlanConfig, epoch: int, num_workers: int) -> None:
+    def __init__(
+        self, layout: Layout, config: PlanConfig, epoch: int, num_workers: int, stream: Pieces | None = None
+    ) -> None:
         if num_workers < 1:
             raise ValueError(f"number of global workers must be >= 1, got {num_workers}")
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         self.layout, self.config, self.epoch, self.num_workers = layout, config, epoch, num_workers
-        self.order = stream_order(layout, config, epoch)
-        self.ends = np.cumsum(layout.rg_rows[self.order], dtype=np.int64)
+        self.stream = stream if stream is not None else initial_stream(layout, config, epoch)
+        self.ends = np.cumsum(self.stream.rows, dtype=np.int64)
         self.total_rows = int(self.ends[-1]) if len(self.ends) else 0
 
     # -- blocks -----------------------------------------------------------------------------
@@ -124,7 +145,7 @@ class EpochPlan:
         return begin, begin + base + (g < rem)
 
     def pieces_per_worker(self, workers: np.ndarray | None = None) -> np.ndarray:
-        """Number of row-group pieces each worker reads (vectorised over workers)."""
+        """Number of pieces each worker's block holds (vectorised over workers)."""
         g = np.arange(self.num_workers) if workers is None else np.asarray(workers)
         begin, end = self.block_bounds(g)
         first = np.searchsorted(self.ends, begin, side="right")
@@ -136,8 +157,7 @@ class EpochPlan:
         if self.config.batch_size is None:
             return self.pieces_per_worker()
         begin, end = self.block_bounds(np.arange(self.num_workers))
-        rows = end - begin
-        bs = self.config.batch_size
+        rows, bs = end - begin, self.config.batch_size
         return -(-rows // bs) if self.config.uneven == "pad" else rows // bs
 
     @cached_property
@@ -155,40 +175,37 @@ class EpochPlan:
 
     # -- one worker -------------------------------------------------------------------------
     def pieces(self, worker: int) -> Pieces:
-        """The row-group slices of worker ``worker``'s block, in stream order (before dropping)."""
-        self._check_worker(worker)
+        """The pieces of worker ``worker``'s block, in delivery order (before dropping)."""
+        if not 0 <= worker < self.num_workers:
+            raise ValueError(f"worker must be in [0, {self.num_workers}), got {worker}")
         begin, end = (int(x) for x in self.block_bounds(worker))
         return self.pieces_in(begin, end)
 
     def pieces_in(self, begin: int, end: int) -> Pieces:
-        """The row-group slices holding stream rows ``[begin, end)``, in stream order."""
+        """The pieces holding stream rows ``[begin, end)``, in stream order."""
         if not 0 <= begin <= end <= self.total_rows:
             raise ValueError(f"stream range [{begin}, {end}) is outside [0, {self.total_rows})")
         if end == begin:
-            empty = np.zeros(0, dtype=np.int64)
-            return Pieces(empty, empty, empty)
+            return Pieces.empty()
         first = int(np.searchsorted(self.ends, begin, side="right"))
         last = int(np.searchsorted(self.ends, end, side="left"))
-        positions = np.arange(first, last + 1)
-        rgs = self.order[positions]
-        rg_begin = self.ends[positions] - self.layout.rg_rows[rgs]
-        start = np.maximum(begin - rg_begin, 0)
-        stop = np.minimum(end - rg_begin, self.layout.rg_rows[rgs])
-        return Pieces(rgs.astype(np.int64), start.astype(np.int64), stop.astype(np.int64))
+        segments = self.stream.take(slice(first, last + 1))
+        seg_begin = self.ends[first : last + 1] - segments.rows
+        lo = segments.lo + np.maximum(begin - seg_begin, 0)
+        hi = segments.lo + np.minimum(end - seg_begin, segments.rows)
+        return Pieces(segments.rg, lo, hi)
 
     def worker_plan(self, worker: int) -> WorkerPlan:
-        """What ``worker`` reads and delivers: its block, cut to ``steps`` batches, in read order."""
+        """What ``worker`` delivers: its block, cut to ``steps`` batches, in delivery order."""
         pieces = self.pieces(worker)
         steps, bs = self.steps, self.config.batch_size
         if bs is None:
             real = min(len(pieces), steps)
-            pieces = Pieces(pieces.rg[:real], pieces.start[:real], pieces.stop[:real])
+            pieces = pieces.take(slice(0, real))
         else:
             rows = int(pieces.rows.sum())
             real = min(-(-rows // bs), steps)
-            pieces = _truncate_rows(pieces, min(rows, steps * bs))
-        if self.config.shuffle and self.config.unit == "file":
-            pieces = self._shuffle_within_files(pieces)
+            pieces = keep_rows(pieces, min(rows, steps * bs))
         return WorkerPlan(worker, pieces, steps, real, int(pieces.rows.sum()))
 
     def dropped_rows(self) -> int:
@@ -206,58 +223,57 @@ class EpochPlan:
         kept = np.minimum(self.ends[first + steps - 1], end) - begin
         return int((end - begin - kept).sum())
 
-    def row_order(self, rg: int, start: int, stop: int) -> np.ndarray | None:
-        """Offsets (relative to ``start``) in which to emit a piece's rows; None keeps file order."""
-        if not self.config.shuffle or stop - start <= 1:
-            return None
-        seed = mix_seed(self.config.seed, self.epoch, _ROW_ORDER, int(rg), int(start))
-        return Permutation(stop - start, seed)[np.arange(stop - start, dtype=np.int64)]
-
-    def _shuffle_within_files(self, pieces: Pieces) -> Pieces:
-        # A worker's pieces of one file are adjacent; permute their order inside each run of a file.
-        files = self.layout.rg_file[pieces.rg]
-        cuts = np.flatnonzero(np.diff(files)) + 1
-        index = np.arange(len(pieces))
-        for run in np.split(index, cuts):
-            if len(run) > 1:
-                seed = mix_seed(self.config.seed, self.epoch, _PIECE_ORDER, int(files[run[0]]))
-                run[:] = run[Permutation(len(run), seed)[np.arange(len(run))]]
-        return Pieces(pieces.rg[index], pieces.start[index], pieces.stop[index])
-
-    def _check_worker(self, worker: int) -> None:
-        if not 0 <= worker < self.num_workers:
-            raise ValueError(f"worker must be in [0, {self.num_workers}), got {worker}")
+    def row_positions(self, rg: int, lo: int, hi: int) -> np.ndarray:
+        """Row indices (within row group ``rg``) of emitted positions ``[lo, hi)``."""
+        positions = np.arange(lo, hi, dtype=np.int64)
+        if not self.config.shuffle:
+            return positions
+        n = int(self.layout.rg_rows[rg])
+        return Permutation(n, mix_seed(self.config.seed, self.epoch, _ROW_ORDER, int(rg)))[positions]
 
 
-def _truncate_rows(pieces: Pieces, keep: int) -> Pieces:
+def keep_rows(pieces: Pieces, keep: int) -> Pieces:
     """The first ``keep`` rows of ``pieces`` (in order), cutting the last piece short."""
     ends = np.cumsum(pieces.rows)
     count = int(np.searchsorted(ends, keep, side="left")) + 1 if keep else 0
-    stop = pieces.stop[:count].copy()
+    hi = pieces.hi[:count].copy()
     if count:
-        stop[-1] -= ends[count - 1] - keep
-    return Pieces(pieces.rg[:count], pieces.start[:count], stop)
+        hi[-1] -= ends[count - 1] - keep
+    return Pieces(pieces.rg[:count], pieces.lo[:count], hi)
+
+
+def skip_rows(pieces: Pieces, skip: int) -> Pieces:
+    """``pieces`` without their first ``skip`` rows."""
+    if skip <= 0:
+        return pieces
+    ends = np.cumsum(pieces.rows)
+    first = int(np.searchsorted(ends, skip, side="right"))
+    lo = pieces.lo[first:].copy()
+    if first < len(pieces):
+        lo[0] = pieces.hi[first] - (ends[first] - skip)
+    return Pieces(pieces.rg[first:], lo, pieces.hi[first:])
+
+
+def initial_stream(layout: Layout, config: PlanConfig, epoch: int) -> Pieces:
+    """Every non-empty row group, whole, in the epoch's stream order."""
+    order = stream_order(layout, config, epoch)
+    rows = layout.rg_rows[order]
+    return Pieces(order, np.zeros(len(order), dtype=np.int64), rows.astype(np.int64))
 
 
 def stream_order(layout: Layout, config: PlanConfig, epoch: int) -> np.ndarray:
     """Catalog indices of the non-empty row groups in the order the stream visits them."""
     rows = layout.rg_rows
+    n = len(rows)
     if not config.shuffle:
-        order = np.arange(len(rows), dtype=np.int64)
+        order = np.arange(n, dtype=np.int64)
     elif config.unit == "row_group":
-        seed = mix_seed(config.seed, epoch, _UNIT_ORDER)
-        order = Permutation(len(rows), seed)[np.arange(len(rows), dtype=np.int64)]
+        order = Permutation(n, mix_seed(config.seed, epoch, _UNIT_ORDER))[np.arange(n, dtype=np.int64)]
     else:
-        order = _shuffled_files(layout, mix_seed(config.seed, epoch, _UNIT_ORDER))
+        # Files in a permuted order; inside each file, its row groups in a permuted order too.
+        file_rank = Permutation(layout.num_files, mix_seed(config.seed, epoch, _UNIT_ORDER)).inverse(
+            np.arange(layout.num_files, dtype=np.int64)
+        )
+        tiebreak = Permutation(n, mix_seed(config.seed, epoch, _IN_FILE_ORDER))[np.arange(n, dtype=np.int64)]
+        order = np.lexsort((tiebreak, file_rank[layout.rg_file])).astype(np.int64)
     return order[rows[order] > 0]
-
-
-def _shuffled_files(layout: Layout, seed: int) -> np.ndarray:
-    """Row groups in a permuted order of files, each file's row groups kept together."""
-    n_files = layout.num_files
-    per_file = np.bincount(layout.rg_file, minlength=n_files).astype(np.int64)
-    file_start = np.cumsum(per_file) - per_file
-    files = Permutation(n_files, seed)[np.arange(n_files, dtype=np.int64)]
-    counts = per_file[files]
-    out_start = np.cumsum(counts) - counts
-    return np.repeat(file_start[files] - out_start, counts) + np.arange(int(counts.sum()), dtype=np.int64)

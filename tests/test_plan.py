@@ -32,7 +32,7 @@ def worker_intervals(plan: EpochPlan, worker: int, delivered_only: bool) -> list
     """Global sample-id intervals a worker delivers (or is assigned, when not delivered_only)."""
     pieces = plan.worker_plan(worker).pieces if delivered_only else plan.pieces(worker)
     first = plan.layout.rg_first_id[pieces.rg]
-    return [(int(a), int(b)) for a, b in zip(first + pieces.start, first + pieces.stop)]
+    return [(int(a), int(b)) for a, b in zip(first + pieces.lo, first + pieces.hi)]
 
 
 def assert_tiles(intervals: list[tuple[int, int]], total: int, layout: Layout) -> None:
@@ -89,7 +89,7 @@ def test_plans_are_deterministic_and_vectorised_counts_match(files, g, config, e
     a, b = EpochPlan(layout, config, epoch, g), EpochPlan(layout, config, epoch, g)
     for w in range(g):
         pa_, pb = a.pieces(w), b.pieces(w)
-        for x, y in ((pa_.rg, pb.rg), (pa_.start, pb.start), (pa_.stop, pb.stop)):
+        for x, y in ((pa_.rg, pb.rg), (pa_.lo, pb.lo), (pa_.hi, pb.hi)):
             np.testing.assert_array_equal(x, y)
     counts = a.pieces_per_worker()
     assert [len(a.pieces(w)) for w in range(g)] == counts.tolist()
@@ -97,26 +97,37 @@ def test_plans_are_deterministic_and_vectorised_counts_match(files, g, config, e
 
 @settings(max_examples=100, deadline=None)
 @given(n=st.integers(2, 3000), seed=st.integers(0, 2**64 - 1), epoch=st.integers(0, 5))
-def test_row_order_within_a_piece_is_a_permutation(n, seed, epoch):
+def test_rows_of_a_row_group_are_emitted_in_a_permutation_split_consistently(n, seed, epoch):
     plan = EpochPlan(make_layout([[n]]), PlanConfig(shuffle=True, seed=seed), epoch, 1)
-    order = plan.row_order(0, 0, n)
+    order = plan.row_positions(0, 0, n)
     np.testing.assert_array_equal(np.sort(order), np.arange(n))
+    cut = n // 3
+    np.testing.assert_array_equal(np.concatenate([plan.row_positions(0, 0, cut), plan.row_positions(0, cut, n)]), order)
 
 
 def test_shuffle_changes_with_epoch_and_seed_but_not_without_shuffle():
     layout = make_layout([[10] * 50])
-    order = lambda **kw: EpochPlan(layout, PlanConfig(**kw), kw.pop("epoch", 0), 4).order  # noqa: E731
-    base = EpochPlan(layout, PlanConfig(shuffle=True, seed=1), 0, 4).order
-    assert not np.array_equal(base, EpochPlan(layout, PlanConfig(shuffle=True, seed=1), 1, 4).order)
-    assert not np.array_equal(base, EpochPlan(layout, PlanConfig(shuffle=True, seed=2), 0, 4).order)
+    def order(epoch=0, **kw):
+        return EpochPlan(layout, PlanConfig(**kw), epoch, 4).stream.rg
+
+    base = order(shuffle=True, seed=1)
+    assert not np.array_equal(base, order(1, shuffle=True, seed=1))
+    assert not np.array_equal(base, order(shuffle=True, seed=2))
     np.testing.assert_array_equal(order(shuffle=False), np.arange(50))
 
 
 def test_file_unit_keeps_each_files_row_groups_together():
     layout = make_layout([[5, 5, 5], [7, 7], [1], [2, 2, 2, 2]])
-    plan = EpochPlan(layout, PlanConfig(unit="file", shuffle=True, seed=3), 0, 1)
-    files = layout.rg_file[plan.order]
-    assert len(np.flatnonzero(np.diff(files))) == len(set(files.tolist())) - 1
+    for seed in range(20):
+        plan = EpochPlan(layout, PlanConfig(unit="file", shuffle=True, seed=seed), 0, 1)
+        files = layout.rg_file[plan.stream.rg]
+        assert len(np.flatnonzero(np.diff(files))) == len(set(files.tolist())) - 1
+    in_file_orders = {
+        tuple(EpochPlan(layout, PlanConfig(unit="file", shuffle=True, seed=seed), 0, 1).stream.rg[layout.rg_file[
+            EpochPlan(layout, PlanConfig(unit="file", shuffle=True, seed=seed), 0, 1).stream.rg] == 0])
+        for seed in range(20)
+    }
+    assert len(in_file_orders) > 1  # row groups inside a file are shuffled too
 
 
 @pytest.mark.parametrize(
