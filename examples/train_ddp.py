@@ -2,6 +2,12 @@
 
     torchrun --nproc_per_node=2 examples/train_ddp.py [--data DIR_OR_GLOB] [--epochs 2]
 
+Preemption and elastic resume: stop mid-epoch with a data checkpoint, then continue on any
+number of ranks, each remaining row still delivered exactly once:
+
+    torchrun --nproc_per_node=2 examples/train_ddp.py --stop-after 5 --save-state ckpt.json
+    torchrun --nproc_per_node=3 examples/train_ddp.py --resume ckpt.json
+
 Every rank runs the same number of steps (padding rows carry sample_id -1 and are masked out
 of the loss), so no rank waits forever in an all-reduce. With --report, each rank writes the
 sample ids it trained on, to check exactly-once coverage.
@@ -45,6 +51,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--report", help="directory for one JSON report per rank")
+    parser.add_argument("--stop-after", type=int, help="stop after this many steps of the first epoch")
+    parser.add_argument("--save-state", help="where rank 0 writes the data checkpoint when stopping")
+    parser.add_argument("--resume", help="a data checkpoint written by --save-state (any world size)")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -56,11 +65,20 @@ def main() -> None:
     model = DistributedDataParallel(TinyClassifier())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
+    first_epoch = 0
+    if args.resume:
+        with open(args.resume) as f:
+            state = json.load(f)
+        ds.load_state_dict(state)  # the same state serves every rank, whatever the world size
+        first_epoch = state["epoch"]
+
     report = {"rank": rank, "world_size": world, "epochs": []}
-    for epoch in range(args.epochs):
+    for epoch in range(first_epoch, args.epochs):
         ds.set_epoch(epoch)
         steps, seen, start = 0, [], time.perf_counter()
         for batch in loader:
+            if args.stop_after is not None and steps == args.stop_after:
+                break
             real = batch["sample_id"] >= 0
             logits = model(batch["input_ids"], batch["input_ids_lengths"])
             losses = torch.nn.functional.cross_entropy(logits, batch["label"], reduction="none")
@@ -73,6 +91,11 @@ def main() -> None:
         elapsed = time.perf_counter() - start
         report["epochs"].append({"epoch": epoch, "steps": steps, "sample_ids": seen, "seconds": elapsed})
         print(f"rank {rank}: epoch {epoch}: {steps} steps, {len(seen)} rows, {len(seen) / elapsed:,.0f} rows/s", flush=True)
+        if args.stop_after is not None:
+            if rank == 0 and args.save_state:
+                with open(args.save_state, "w") as f:
+                    json.dump(ds.state_dict(consumed_batches=steps, num_workers=args.num_workers), f)
+            break
     dist.barrier()  # reaching this on every rank is the proof that nobody hung
     if args.report:
         os.makedirs(args.report, exist_ok=True)
