@@ -7,6 +7,7 @@ topology), so workers and ranks agree without talking to each other. Nothing is 
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import Any, Callable, Iterator, Sequence
 
@@ -52,6 +53,8 @@ class ParquetStream(IterableDataset):
         storage_options: passed to fsspec (credentials, endpoint_url, ...).
         transform: called on each batch inside the worker (padding batches included).
         read_ahead: row-group slices read in the background ahead of the one being consumed.
+        shuffle_window: with shuffle, interleave the rows of this many consecutive pieces of a
+            worker at random (no extra I/O; a worker then holds that many row groups at once).
     """
 
     def __init__(
@@ -68,6 +71,7 @@ class ParquetStream(IterableDataset):
         storage_options: dict[str, Any] | None = None,
         transform: Callable[[Batch], Any] | None = None,
         read_ahead: int = 2,
+        shuffle_window: int = 1,
     ) -> None:
         super().__init__()
         if isinstance(paths, (list, tuple)):
@@ -85,7 +89,9 @@ class ParquetStream(IterableDataset):
         if not isinstance(read_ahead, int) or read_ahead < 0:
             raise ValueError(f"read_ahead must be an int >= 0, got {read_ahead!r}")
         self.columns = list(columns) if columns is not None else None
-        self.config = PlanConfig(unit=unit, shuffle=bool(shuffle), seed=seed, batch_size=batch_size, uneven=uneven)
+        self.config = PlanConfig(
+            unit=unit, shuffle=bool(shuffle), seed=seed, batch_size=batch_size, uneven=uneven, shuffle_window=shuffle_window
+        )
         self.rank, self.world_size = resolve_rank_world(rank, world_size)
         self.storage_options = dict(storage_options or {})
         self.transform = transform
@@ -285,10 +291,10 @@ class ParquetStream(IterableDataset):
         padding = work.steps - max(real, skip)
         # Padding copies the shape of the last real batch, so a resume past it re-reads that one.
         first = real - 1 if skip >= real > 0 and padding > 0 else min(skip, real)
-        pieces = work.pieces.take(slice(first, None)) if bs is None else skip_rows(work.pieces, first * bs)
+        skipped_rows = int(work.pieces.rows[:first].sum()) if bs is None else first * bs
         reader = self._reader()
         try:
-            tables = self.iter_piece_tables(plan, pieces, reader)
+            tables = self._delivered_tables(plan, work.pieces, skipped_rows, reader)
             last: Batch | None = None
             for index, last in enumerate(_rebatch(tables, bs, real - first, self.converter), start=first):
                 if index >= skip:
@@ -319,6 +325,29 @@ class ParquetStream(IterableDataset):
         finally:
             if own:
                 reader.close()
+
+    def _delivered_tables(self, plan: EpochPlan, pieces: Pieces, skip: int, reader: RowGroupReader) -> Iterator[pa.Table]:
+        """A worker's rows in delivery order from delivered row ``skip`` on, one table per piece size."""
+        if plan.config.shuffle_window == 1:
+            yield from self.iter_piece_tables(plan, skip_rows(pieces, skip), reader)
+            return
+        windows = [pieces.take(w) for w in plan.windows(pieces)]
+        ends = np.cumsum([int(w.rows.sum()) for w in windows])
+        first = int(np.searchsorted(ends, skip, side="right"))
+        start = int(ends[first - 1]) if first else 0
+        tables = self.iter_piece_tables(plan, Pieces.concat(windows[first:]), reader)
+        for window in windows[first:]:
+            labels = plan.window_labels(window)
+            take = np.empty(len(labels), dtype=np.int64)
+            take[np.argsort(labels, kind="stable")] = np.arange(len(labels))  # label-major -> emitted order
+            merged = pa.concat_tables(list(itertools.islice(tables, len(window)))).take(pa.array(take))
+            bounds = np.concatenate([[0], np.cumsum(window.rows)])
+            head = max(skip - start, 0)
+            for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+                lo = max(lo, head)
+                if hi > lo:
+                    yield merged.slice(lo, hi - lo)
+            start += len(labels)
 
     def _read_piece(self, reader: RowGroupReader, plan: EpochPlan, rg: int, lo: int, hi: int) -> pa.Table:
         catalog = self.catalog

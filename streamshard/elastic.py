@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .plan import EpochPlan, Layout, PlanConfig, Pieces, skip_rows
+from .plan import EpochPlan, Layout, PlanConfig, Pieces
 
 STATE_VERSION = 1
 
@@ -73,7 +73,7 @@ def remaining_stream(plan: EpochPlan, segment: Segment) -> Pieces:
     for worker in range(plan.num_workers):
         done = worker_batches_delivered(segment.batches, segment.num_workers, worker % n)
         pieces = plan.worker_plan(worker).pieces
-        rests.append(skip_rows(pieces, rows_delivered(plan, worker, done)))
+        rests.append(plan.split_delivered(pieces, rows_delivered(plan, worker, done))[1])
     return Pieces.concat(rests)
 
 

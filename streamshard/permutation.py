@@ -111,8 +111,9 @@ class Permutation:
     """A pseudorandom bijection of ``range(n)`` keyed by ``seed``, evaluated on demand.
 
     ``p[i]`` maps an int to an int and an integer numpy array (any shape) to an int64 array of
-    the same shape; ``p.inverse(j)`` undoes it. Memory is O(1) and a scalar lookup is expected
-    O(1). Indices must lie in ``[0, n)``: negative indices raise IndexError instead of wrapping,
+    the same shape; ``p.inverse(j)`` undoes it. The object holds a few round keys whatever ``n``
+    is; a scalar lookup is expected O(1) and an array lookup needs working memory in proportion
+    to the request (at most about twice its size), never to ``n``. Indices must lie in ``[0, n)``: negative indices raise IndexError instead of wrapping,
     because a wrapped shuffle index is almost always a planning bug.
     """
 
@@ -191,17 +192,12 @@ class Permutation:
         # Non-negative int64 reinterprets as uint64 for free; other dtypes need a converting copy.
         flat = flat.view(np.uint64) if flat.dtype.itemsize == 8 else flat.astype(np.uint64)
         out = np.empty(flat.shape, dtype=np.uint64)
-        if self._n == 1:
-            out[:] = 0
-        else:
-            self._walk_array(flat, out, forward)
+        self._walk_array(flat, out, forward)
         return out.view(np.int64).reshape(index.shape)
 
     # -- scalar path (Python ints, masked to 64 bits) -----------------------------------------
 
     def _walk_scalar(self, x: int, forward: bool) -> int:
-        if self._n == 1:
-            return 0
         x = self._rounds_scalar(x, forward)
         while x >= self._n:
             x = self._rounds_scalar(x, forward)
@@ -221,6 +217,7 @@ class Permutation:
     # -- vectorised path (uint64 arrays, processed in cache-sized blocks) ----------------------
 
     def _walk_array(self, flat: np.ndarray, out: np.ndarray, forward: bool) -> None:
+        """``out[i] = self[flat[i]]`` (or the inverse) for in-range uint64 indices."""
         domain = 1 << (self._low_bits + self._high_bits)
         if domain <= 2 * flat.size:
             self._walk_by_table(flat, out, forward, domain)
@@ -230,11 +227,12 @@ class Permutation:
         for start in range(0, flat.size, _BLOCK):
             block = out[start : start + _BLOCK]
             self._rounds_array(flat[start : start + _BLOCK], block, forward, work)
-            left = self._walk_in_place(block, forward, work, until=_STRAGGLERS)
+            # Walk while the block is still in cache; defer the last few to one global pass.
+            left = self._walk_in_place(block, forward, until=_STRAGGLERS)
             if left.size:
                 stragglers.append(left + start)
         if stragglers:
-            self._walk_in_place(out, forward, None, until=0, pending=np.concatenate(stragglers))
+            self._walk_in_place(out, forward, until=0, pending=np.concatenate(stragglers))
 
     def _walk_by_table(self, flat: np.ndarray, out: np.ndarray, forward: bool, domain: int) -> None:
         """Encrypt the whole ``2**k`` domain once, then cycle-walk by table lookups.
@@ -246,7 +244,7 @@ class Permutation:
         table = np.arange(domain, dtype=np.uint64)
         self._rounds_blocks(table, forward)
         limit = np.uint64(self._n)
-        np.take(table, flat, out=out)
+        np.take(table, flat.view(np.int64), out=out)  # indices < 2**62: the view is exact
         pending = np.flatnonzero(out >= limit)
         while pending.size:
             again = table[out[pending]]
@@ -257,7 +255,6 @@ class Permutation:
         self,
         values: np.ndarray,
         forward: bool,
-        work: "_Workspace | None",
         until: int,
         pending: "np.ndarray | None" = None,
     ) -> np.ndarray:
@@ -271,10 +268,7 @@ class Permutation:
             pending = np.flatnonzero(values >= limit)
         while pending.size > until:
             again = values[pending]
-            if work is None or pending.size > work.size:
-                self._rounds_blocks(again, forward)
-            else:
-                self._rounds_array(again, again, forward, work)
+            self._rounds_blocks(again, forward)
             values[pending] = again
             pending = pending[again >= limit]
         return pending
@@ -306,10 +300,9 @@ class Permutation:
 class _Workspace:
     """Scratch uint64 arrays reused across blocks, so the hot loop allocates nothing."""
 
-    __slots__ = ("buffers", "size")
+    __slots__ = ("buffers",)
 
     def __init__(self, size: int) -> None:
-        self.size = size
         self.buffers = tuple(np.empty(size, dtype=np.uint64) for _ in range(4))
 
 

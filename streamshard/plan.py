@@ -30,7 +30,7 @@ UNITS = ("row_group", "file")
 UNEVEN_POLICIES = ("pad", "drop")
 
 # Domain tags keep the seeds of different shuffles apart.
-_UNIT_ORDER, _IN_FILE_ORDER, _ROW_ORDER = 1, 2, 3
+_UNIT_ORDER, _IN_FILE_ORDER, _ROW_ORDER, _WINDOW_ORDER = 1, 2, 3, 4
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,13 @@ class PlanConfig:
     seed: int = 0
     batch_size: int | None = None
     uneven: str = "pad"
+    shuffle_window: int = 1  # consecutive pieces of a worker whose rows are interleaved at random
 
     def __post_init__(self) -> None:
+        if isinstance(self.shuffle_window, bool) or not isinstance(self.shuffle_window, (int, np.integer)) or self.shuffle_window < 1:
+            raise ValueError(f"shuffle_window must be an int >= 1, got {self.shuffle_window!r}")
+        if self.shuffle_window > 1 and not self.shuffle:
+            raise ValueError("shuffle_window > 1 mixes rows at random, so it needs shuffle=True")
         if self.unit not in UNITS:
             raise ValueError(f"unit must be one of {UNITS}, got {self.unit!r}")
         if self.uneven not in UNEVEN_POLICIES:
@@ -222,6 +227,45 @@ class EpochPlan:
         first = np.searchsorted(self.ends, begin, side="right")
         kept = np.minimum(self.ends[first + steps - 1], end) - begin
         return int((end - begin - kept).sum())
+
+    def windows(self, pieces: Pieces) -> list[slice]:
+        """The groups of consecutive pieces whose rows are interleaved (one piece each without a window)."""
+        w = self.config.shuffle_window
+        return [slice(i, min(i + w, len(pieces))) for i in range(0, len(pieces), w)]
+
+    def window_labels(self, window: Pieces) -> np.ndarray:
+        """For each emitted row of a window, which of its pieces it comes from.
+
+        Each piece keeps its own row order (already a permutation of its row group), and the
+        pieces are interleaved by a uniformly random arrangement of their labels, so the
+        window's rows come out in a uniformly random order while any prefix of the window is
+        a prefix of every piece: the rest stays a stream of segments (elastic resume).
+        """
+        rows = window.rows
+        labels = np.repeat(np.arange(len(window), dtype=np.int64), rows)
+        if len(window) <= 1:
+            return labels
+        key = mix_seed(self.config.seed, self.epoch, _WINDOW_ORDER, int(window.rg[0]), int(window.lo[0]))
+        return labels[Permutation(len(labels), key)[np.arange(len(labels), dtype=np.int64)]]
+
+    def split_delivered(self, pieces: Pieces, rows: int) -> tuple[Pieces, Pieces]:
+        """``pieces`` split after the first ``rows`` delivered rows: (consumed, remaining), as segments."""
+        if self.config.shuffle_window == 1:
+            return keep_rows(pieces, rows), skip_rows(pieces, rows)
+        done, rest, start = [], [], 0
+        for window in self.windows(pieces):
+            part = pieces.take(window)
+            size = int(part.rows.sum())
+            taken = np.clip(rows - start, 0, size)
+            if 0 < taken < size:
+                counts = np.bincount(self.window_labels(part)[:taken], minlength=len(part))
+                done.append(Pieces(part.rg, part.lo, part.lo + counts))
+                rest.append(Pieces(part.rg, part.lo + counts, part.hi))
+            else:
+                (done if taken == size else rest).append(part)
+            start += size
+        keep = lambda p: p.take(p.rows > 0)  # noqa: E731
+        return keep(Pieces.concat(done)), keep(Pieces.concat(rest))
 
     def row_positions(self, rg: int, lo: int, hi: int) -> np.ndarray:
         """Row indices (within row group ``rg``) of emitted positions ``[lo, hi)``."""

@@ -11,14 +11,20 @@ from streamshard.plan import EpochPlan, Layout, PlanConfig
 
 rows_st = st.one_of(st.just(0), st.integers(1, 10_000), st.integers(1, 50))
 layouts = st.lists(st.lists(rows_st, max_size=20), min_size=1, max_size=200)
-configs = st.builds(
-    PlanConfig,
-    unit=st.sampled_from(["row_group", "file"]),
-    shuffle=st.booleans(),
-    seed=st.integers(0, 2**64 - 1),
-    batch_size=st.one_of(st.none(), st.integers(1, 4096)),
-    uneven=st.sampled_from(["pad", "drop"]),
-)
+@st.composite
+def plan_configs(draw):
+    shuffle = draw(st.booleans())
+    return PlanConfig(
+        unit=draw(st.sampled_from(["row_group", "file"])),
+        shuffle=shuffle,
+        seed=draw(st.integers(0, 2**64 - 1)),
+        batch_size=draw(st.one_of(st.none(), st.integers(1, 4096))),
+        uneven=draw(st.sampled_from(["pad", "drop"])),
+        shuffle_window=draw(st.integers(1, 4)) if shuffle else 1,
+    )
+
+
+configs = plan_configs()
 PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -139,6 +145,8 @@ def test_file_unit_keeps_each_files_row_groups_together():
         ({"batch_size": -3}, "batch_size"),
         ({"batch_size": 2.5}, "batch_size"),
         ({"seed": -1}, "seed"),
+        ({"shuffle_window": 0}, "shuffle_window"),
+        ({"shuffle_window": 2}, "shuffle=True"),
     ],
 )
 def test_bad_config_is_rejected_naming_the_argument(kwargs, message):
@@ -151,3 +159,18 @@ def test_planning_scales_without_per_worker_state():
     plan = EpochPlan(layout, PlanConfig(shuffle=True, batch_size=512), 0, 80_000)
     pieces = plan.pieces(12_345)
     assert int(pieces.rows.sum()) == 2500 and len(pieces) <= 4 and plan.steps == 5
+
+
+@settings(max_examples=100, deadline=None)
+@given(rows=st.lists(st.integers(1, 300), min_size=1, max_size=6), seed=st.integers(0, 2**32), cut=st.floats(0, 1))
+def test_window_interleave_keeps_each_piece_in_order_and_splits_into_segments(rows, seed, cut):
+    layout = make_layout([rows])
+    plan = EpochPlan(layout, PlanConfig(shuffle=True, seed=seed, shuffle_window=len(rows)), 0, 1)
+    pieces = plan.worker_plan(0).pieces
+    labels = plan.window_labels(pieces)
+    assert np.array_equal(np.bincount(labels, minlength=len(pieces)), pieces.rows)
+    taken = int(cut * len(labels))
+    done, rest = plan.split_delivered(pieces, taken)
+    assert int(done.rows.sum()) == taken and int(rest.rows.sum()) == len(labels) - taken
+    for p in range(len(pieces)):  # a prefix of the window is a prefix of every piece
+        assert int(done.rows[done.rg == pieces.rg[p]].sum()) == int(np.sum(labels[:taken] == p))

@@ -114,12 +114,8 @@ def test_folding_any_resize_history_leaves_each_unconsumed_row_exactly_once(file
         k = int(fraction * plan.steps * n)
         for g in range(plan.num_workers):
             done = rows_delivered(plan, g, worker_batches_delivered(k, workers, g % n))
-            pieces = plan.worker_plan(g).pieces
-            ends = np.cumsum(pieces.rows)
-            for rg, lo, hi, end in zip(pieces.rg, pieces.lo, pieces.hi, ends):
-                start = end - (hi - lo)
-                if start < done:
-                    consumed.append((int(rg), int(lo), int(lo + min(hi - lo, done - start))))
+            taken, _ = plan.split_delivered(plan.worker_plan(g).pieces, done)
+            consumed.extend(zip(taken.rg.tolist(), taken.lo.tolist(), taken.hi.tolist()))
         history.append(Segment(world, workers, k))
     rest = remaining_stream(*_last(layout, config, history))
     pieces = consumed + list(zip(rest.rg.tolist(), rest.lo.tolist(), rest.hi.tolist()))
@@ -135,3 +131,39 @@ def test_folding_any_resize_history_leaves_each_unconsumed_row_exactly_once(file
 def _last(layout, config, history):
     plan, _ = resume_plan(layout, config, 0, history[:-1], history[-1].world_size, history[-1].num_workers)
     return plan, history[-1]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("batch_size", [None, 45])
+def test_windowed_shuffle_resumes_exactly(skewed_corpus, num_workers, batch_size):
+    make = make_stream(skewed_corpus, batch_size=batch_size, shuffle_window=3)
+    check_plain_resume(make, num_workers, stops=[1, 3, 8], epoch=1)
+
+
+def test_windowed_shuffle_survives_elastic_resizing(skewed_corpus):
+    total = make_stream(skewed_corpus)().catalog.num_rows
+
+    def phase(world, workers, state, take=None):
+        per_rank = []
+        for rank in range(world):
+            ds = make_stream(skewed_corpus, rank=rank, world=world, shuffle_window=4, batch_size=29)()
+            if state is not None:
+                ds.load_state_dict(state)
+            batches = list(DataLoader(ds, batch_size=None, num_workers=workers))
+            per_rank.append(batches if take is None else batches[:take])
+        return per_rank, ds.state_dict(consumed_batches=len(per_rank[0]), num_workers=workers)
+
+    first, state = phase(3, 2, None, take=5)
+    second, _ = phase(2, 1, state)
+    ids = np.concatenate([ids_of(b) for p in (first, second) for b in p])
+    np.testing.assert_array_equal(np.sort(ids[ids >= 0]), np.arange(total))
+
+
+def test_windowed_shuffle_mixes_rows_of_several_row_groups_in_one_batch(tmp_path):
+    from streamshard.testing import write_corpus
+
+    write_corpus(str(tmp_path), [[100] * 8])
+    plain = ss.ParquetStream(str(tmp_path), batch_size=50, shuffle=True, rank=0, world_size=1)
+    mixed = ss.ParquetStream(str(tmp_path), batch_size=50, shuffle=True, shuffle_window=4, rank=0, world_size=1)
+    sources = lambda ds: [len(set((b["sample_id"] // 100).tolist())) for b in ds]  # noqa: E731
+    assert max(sources(plain)) <= 2 < min(sources(mixed))
