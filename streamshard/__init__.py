@@ -7,6 +7,7 @@ from .dataset import ParquetStream
 from .errors import CatalogError, ConversionError, ReadError, StreamshardError
 from .permutation import Permutation, mix_seed
 from .prefetch import DevicePrefetcher
+from .sampler import ElasticSampler
 
 __all__ = [
     "ActivationCache",
@@ -16,6 +17,7 @@ __all__ = [
     "CatalogError",
     "ConversionError",
     "DevicePrefetcher",
+    "ElasticSampler",
     "ParquetStream",
     "Permutation",
     "ReadError",

@@ -19,7 +19,7 @@ from torch.utils.data import IterableDataset
 from .catalog import Catalog
 from .errors import ReadError
 from .elastic import STATE_VERSION, Segment, resume_plan, worker_batches_delivered
-from .plan import EpochPlan, Layout, PlanConfig, Pieces, WorkerPlan, skip_rows
+from .plan import EpochPlan, Layout, PlanConfig, Pieces, WorkerPlan, interleave_index, skip_rows
 from .reader import RowGroupReader, read_ahead
 from .tensors import Batch, BatchConverter
 from .topology import Topology, current_worker, resolve_rank_world
@@ -338,9 +338,8 @@ class ParquetStream(IterableDataset):
         tables = self.iter_piece_tables(plan, Pieces.concat(windows[first:]), reader)
         for window in windows[first:]:
             labels = plan.window_labels(window)
-            take = np.empty(len(labels), dtype=np.int64)
-            take[np.argsort(labels, kind="stable")] = np.arange(len(labels))  # label-major -> emitted order
-            merged = pa.concat_tables(list(itertools.islice(tables, len(window)))).take(pa.array(take))
+            merged = pa.concat_tables(list(itertools.islice(tables, len(window))))
+            merged = merged.take(pa.array(interleave_index(labels)))
             bounds = np.concatenate([[0], np.cumsum(window.rows)])
             head = max(skip - start, 0)
             for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):

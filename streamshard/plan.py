@@ -248,6 +248,22 @@ class EpochPlan:
         key = mix_seed(self.config.seed, self.epoch, _WINDOW_ORDER, int(window.rg[0]), int(window.lo[0]))
         return labels[Permutation(len(labels), key)[np.arange(len(labels), dtype=np.int64)]]
 
+    def delivered_ids(self, worker: int) -> np.ndarray:
+        """The sample ids ``worker`` delivers, in delivery order, without reading anything.
+
+        For simulations, tests and tools; the dataset emits exactly these rows in this order.
+        """
+        pieces = self.worker_plan(worker).pieces
+        first = self.layout.rg_first_id
+        out = []
+        for window in self.windows(pieces):
+            part = pieces.take(window)
+            ids = np.concatenate(
+                [first[rg] + self.row_positions(rg, lo, hi) for rg, lo, hi in zip(part.rg, part.lo, part.hi)]
+            )
+            out.append(ids[interleave_index(self.window_labels(part))] if len(part) > 1 else ids)
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
     def split_delivered(self, pieces: Pieces, rows: int) -> tuple[Pieces, Pieces]:
         """``pieces`` split after the first ``rows`` delivered rows: (consumed, remaining), as segments."""
         if self.config.shuffle_window == 1:
@@ -274,6 +290,13 @@ class EpochPlan:
             return positions
         n = int(self.layout.rg_rows[rg])
         return Permutation(n, mix_seed(self.config.seed, self.epoch, _ROW_ORDER, int(rg)))[positions]
+
+
+def interleave_index(labels: np.ndarray) -> np.ndarray:
+    """Indices into the pieces' rows laid end to end (piece-major) that give the ``labels`` order."""
+    take = np.empty(len(labels), dtype=np.int64)
+    take[np.argsort(labels, kind="stable")] = np.arange(len(labels), dtype=np.int64)
+    return take
 
 
 def keep_rows(pieces: Pieces, keep: int) -> Pieces:

@@ -140,3 +140,14 @@ def test_spawned_workers_receive_a_working_copy(small_corpus):
     ds.catalog  # built in the parent, shipped to the child by pickling
     loader = DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="spawn")
     assert_exactly_once([list(loader)], ds.catalog.num_rows)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"shuffle": True}, {"shuffle": True, "unit": "file"}, {"shuffle": True, "shuffle_window": 3}])
+def test_delivered_rows_match_the_pure_simulation(skewed_corpus, kwargs):
+    ds = ss.ParquetStream(skewed_corpus, batch_size=None, rank=1, world_size=2, seed=4, **kwargs)
+    ds.set_epoch(3)
+    plan = ds.epoch_plan(num_workers=2)
+    for worker, loader_worker in ((2, 0), (3, 1)):
+        expected = plan.delivered_ids(worker)
+        got = ids_of(list(DataLoader(ds, batch_size=None, num_workers=2))[loader_worker::2])
+        np.testing.assert_array_equal(got[got >= 0], expected)
