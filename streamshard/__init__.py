@@ -1,5 +1,6 @@
 """streamshard: stream Parquet into PyTorch, every sample to exactly one GPU, exactly once per epoch."""
 
+from .blend import BlendedStream, BlendPlan, blend_length
 from .blend_schedule import BlendSchedule, blend_counts
 from .cache import ActivationCache, CacheStats, module_fingerprint
 from .catalog import Catalog
@@ -11,6 +12,8 @@ from .sampler import ElasticSampler
 
 __all__ = [
     "ActivationCache",
+    "BlendPlan",
+    "BlendedStream",
     "BlendSchedule",
     "CacheStats",
     "Catalog",
@@ -23,6 +26,7 @@ __all__ = [
     "ReadError",
     "StreamshardError",
     "blend_counts",
+    "blend_length",
     "mix_seed",
     "module_fingerprint",
 ]

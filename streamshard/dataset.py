@@ -16,6 +16,7 @@ import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset
 
+from .batches import SAMPLE_ID, as_batch, clone, concat, padding_like, rebatch, with_ids
 from .catalog import Catalog
 from .errors import ReadError
 from .elastic import STATE_VERSION, Segment, resume_plan, worker_batches_delivered
@@ -26,7 +27,6 @@ from .topology import Topology, current_worker, resolve_rank_world
 
 log = logging.getLogger("streamshard")
 
-SAMPLE_ID = "sample_id"
 
 
 class ParquetStream(IterableDataset):
@@ -296,16 +296,16 @@ class ParquetStream(IterableDataset):
         try:
             tables = self._delivered_tables(plan, work.pieces, skipped_rows, reader)
             last: Batch | None = None
-            for index, last in enumerate(_rebatch(tables, bs, real - first, self.converter), start=first):
+            for index, last in enumerate(rebatch(tables, bs, real - first, self.converter), start=first):
                 if index >= skip:
                     progress["delivered"] += 1
                     yield last
             if padding > 0:
                 template = last if last is not None else self._template_batch(reader, plan)
-                pad = _padding_like(template, len(template[SAMPLE_ID]))
+                pad = padding_like(template, len(template[SAMPLE_ID]))
                 for _ in range(padding):
                     progress["delivered"] += 1
-                    yield _clone(pad)
+                    yield clone(pad)
         finally:
             reader.close()
 
@@ -367,71 +367,10 @@ class ParquetStream(IterableDataset):
         rows = self.config.batch_size or max(1, -(-plan.total_rows // plan.num_workers))
         if len(nonempty) == 0:  # an empty dataset has no shapes to copy; a 0-row batch keeps the keys
             table = pa.Table.from_batches([], schema=catalog.schema)
-            return _with_ids(converter(table), np.zeros(0, dtype=np.int64))
+            return with_ids(converter(table), np.zeros(0, dtype=np.int64))
         rg = int(nonempty[0])
         table = reader.read(int(catalog.rg_file[rg]), int(catalog.rg_index[rg])).slice(0, rows)
-        batch = _with_ids(converter(table), np.full(table.num_rows, -1, dtype=np.int64))
+        batch = with_ids(converter(table), np.full(table.num_rows, -1, dtype=np.int64))
         if table.num_rows < rows:
-            batch = _concat(batch, _padding_like(batch, rows - table.num_rows))
+            batch = concat(batch, padding_like(batch, rows - table.num_rows))
         return batch
-
-
-
-def _rebatch(tables: Iterator[pa.Table], batch_size: int | None, count: int, convert: BatchConverter) -> Iterator[Batch]:
-    """Convert piece tables into ``count`` real batches (exactly ``batch_size`` rows each)."""
-    if batch_size is None:
-        for table, _ in zip(tables, range(count)):
-            yield _as_batch(table, convert)
-        return
-    pending: pa.Table | None = None
-    emitted = 0
-    for table in tables:
-        pending = table if pending is None else pa.concat_tables([pending, table])
-        while pending.num_rows >= batch_size and emitted < count:
-            yield _as_batch(pending.slice(0, batch_size), convert)
-            pending = pending.slice(batch_size)
-            emitted += 1
-    if emitted < count and pending is not None and pending.num_rows:
-        batch = _as_batch(pending, convert)  # the short last batch, topped up with padding rows
-        yield _concat(batch, _padding_like(batch, batch_size - pending.num_rows))
-
-
-def _as_batch(table: pa.Table, convert: BatchConverter) -> Batch:
-    ids = table.column(SAMPLE_ID).to_numpy()
-    return _with_ids(convert(table.drop_columns([SAMPLE_ID])), ids)
-
-
-def _with_ids(batch: Batch, ids: np.ndarray) -> Batch:
-    batch[SAMPLE_ID] = torch.from_numpy(np.array(ids, dtype=np.int64, copy=True))
-    return batch
-
-
-def _padding_like(batch: Batch, rows: int) -> Batch:
-    """``rows`` padding rows shaped like ``batch``: zeros, False, None, and sample_id -1."""
-    out: Batch = {}
-    for key, value in batch.items():
-        if isinstance(value, torch.Tensor):
-            out[key] = value.new_zeros((rows,) + tuple(value.shape[1:]))
-        else:
-            out[key] = [None] * rows
-    out[SAMPLE_ID] = torch.full((rows,), -1, dtype=torch.int64)
-    return out
-
-
-def _concat(a: Batch, b: Batch) -> Batch:
-    out: Batch = {}
-    for key, value in a.items():
-        other = b[key]
-        if isinstance(value, torch.Tensor):
-            if value.dim() == 2 and value.shape[1] != other.shape[1]:
-                width = max(value.shape[1], other.shape[1])
-                value = torch.nn.functional.pad(value, (0, width - value.shape[1]))
-                other = torch.nn.functional.pad(other, (0, width - other.shape[1]))
-            out[key] = torch.cat([value, other])
-        else:
-            out[key] = list(value) + list(other)
-    return out
-
-
-def _clone(batch: Batch) -> Batch:
-    return {k: v.clone() if isinstance(v, torch.Tensor) else list(v) for k, v in batch.items()}
