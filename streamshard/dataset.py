@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections import OrderedDict
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -17,6 +18,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from .batches import SAMPLE_ID, as_batch, clone, concat, padding_like, rebatch, with_ids
+from .canonical import CanonicalPlan
 from .catalog import Catalog
 from .errors import ReadError
 from .elastic import STATE_VERSION, Segment, resume_plan, worker_batches_delivered
@@ -55,6 +57,10 @@ class ParquetStream(IterableDataset):
         read_ahead: row-group slices read in the background ahead of the one being consumed.
         shuffle_window: with shuffle, interleave the rows of this many consecutive pieces of a
             worker at random (no extra I/O; a worker then holds that many row groups at once).
+        partitions: canonical partitions for a topology-independent order (see ``canonical.py``):
+            the rows of each global step are the same for every world size W with
+            W * num_workers dividing ``partitions``, given the same global batch
+            (``batch_size * W``) and ``num_workers``. Needs an int ``batch_size``.
     """
 
     def __init__(
@@ -72,6 +78,7 @@ class ParquetStream(IterableDataset):
         transform: Callable[[Batch], Any] | None = None,
         read_ahead: int = 2,
         shuffle_window: int = 1,
+        partitions: int | None = None,
     ) -> None:
         super().__init__()
         if isinstance(paths, (list, tuple)):
@@ -92,6 +99,11 @@ class ParquetStream(IterableDataset):
         self.config = PlanConfig(
             unit=unit, shuffle=bool(shuffle), seed=seed, batch_size=batch_size, uneven=uneven, shuffle_window=shuffle_window
         )
+        if partitions is not None and (isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1):
+            raise ValueError(f"partitions must be a positive int or None, got {partitions!r}")
+        if partitions is not None and (batch_size is None or shuffle_window != 1):
+            raise ValueError("partitions= needs an int batch_size and shuffle_window=1")
+        self.partitions = partitions
         self.rank, self.world_size = resolve_rank_world(rank, world_size)
         self.storage_options = dict(storage_options or {})
         self.transform = transform
@@ -190,6 +202,8 @@ class ParquetStream(IterableDataset):
                 f"state was saved with seed={state['seed']}, shuffle={state['shuffle']}; this dataset has "
                 f"seed={self.config.seed}, shuffle={self.config.shuffle}, so the order would differ"
             )
+        if state.get("partitions") != self.partitions:
+            raise ValueError(f"state was saved with partitions={state.get('partitions')}, this dataset has {self.partitions}")
         if state["rows"] != self.catalog.num_rows or state["files"] != self.catalog.num_files:
             raise ValueError(
                 f"state was saved for {state['files']} files / {state['rows']} rows; these paths have "
@@ -208,6 +222,7 @@ class ParquetStream(IterableDataset):
             "rows": self.catalog.num_rows,
             "files": self.catalog.num_files,
             "history": [segment.to_json() for segment in history],
+            "partitions": self.partitions,
         }
 
     def _rank_state(self, consumed: int, num_workers: int) -> dict[str, Any]:
@@ -271,6 +286,9 @@ class ParquetStream(IterableDataset):
     # -- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         worker_id, num_workers = current_worker()
+        if self.partitions is not None:
+            batches = self._iter_canonical(worker_id, num_workers)
+            return batches if self.transform is None else (self.transform(b) for b in batches)
         plan, history, role, skip, _ = self._resolve(worker_id, num_workers)
         worker = Topology(self.rank, self.world_size, role, num_workers).global_worker_id
         if worker == 0 and self.config.uneven == "drop" and plan.dropped_rows():
@@ -304,6 +322,72 @@ class ParquetStream(IterableDataset):
                 template = last if last is not None else self._template_batch(reader, plan)
                 pad = padding_like(template, len(template[SAMPLE_ID]))
                 for _ in range(padding):
+                    progress["delivered"] += 1
+                    yield clone(pad)
+        finally:
+            reader.close()
+
+    # -- canonical (topology-independent) order -------------------------------------------------
+    def canonical_plan(self, num_workers: int = 0, epoch: int | None = None) -> CanonicalPlan:
+        """The canonical-order plan of an epoch (only with ``partitions=``)."""
+        if self.partitions is None:
+            raise ValueError("canonical_plan needs partitions=")
+        epoch = self.epoch if epoch is None else epoch
+        return CanonicalPlan(self.layout, self.config, epoch, self.partitions, self.world_size, num_workers)
+
+    def _iter_canonical(self, worker_id: int, num_workers: int) -> Iterator[Batch]:
+        plan = self.canonical_plan(num_workers)
+        state = self._resume if self._resume and self._resume["epoch"] == self.epoch else None
+        history = [Segment.from_json(s) for s in state["history"]] if state else []
+        if state is not None and state["kind"] == "worker":
+            role, skip = int(state["role"]), int(state["batches"])
+            if (state["world_size"], state["num_workers"], state["worker_id"]) != (self.world_size, num_workers, worker_id):
+                raise ValueError("a per-worker state resumes only on the topology that saved it")
+        else:
+            if any(max(s.num_workers, 1) != plan.n for s in history):
+                raise ValueError(
+                    f"canonical order needs the same number of DataLoader workers on resume ({plan.n} now, "
+                    f"{[s.num_workers for s in history]} before); use partitions=None for elastic resume across worker counts"
+                )
+            before = sum(s.batches for s in history)  # global steps: the same count on every topology
+            role = (worker_id + before) % plan.n
+            skip = worker_batches_delivered(before, num_workers, role)
+            history = history[:-1] if history and (history[-1].world_size, history[-1].num_workers) == (self.world_size, num_workers) else history
+        progress = {
+            "epoch": self.epoch, "history": history, "num_workers": num_workers, "worker_id": worker_id,
+            "role": role, "skip": skip, "delivered": skip,
+        }
+        self._progress = progress
+        return self._canonical_batches(plan, plan.owned(self.rank, role), skip, progress)
+
+    def _canonical_batches(self, plan: CanonicalPlan, owned: np.ndarray, skip: int, progress: dict[str, Any]) -> Iterator[Batch]:
+        bs = self.config.batch_size
+        assert bs is not None
+        real = int(max((-(-plan.rows[owned] // plan.micro)).max(initial=0), 0))
+        real = min(real, plan.steps)
+        first = real - 1 if skip >= real > 0 and plan.steps > real else min(skip, real)
+        reader = self._reader()
+        cache: OrderedDict[int, pa.Table] = OrderedDict()
+
+        def build(i: int) -> pa.Table:
+            pieces = plan.batch_pieces(owned, i)
+            tables = [self._read_piece(reader, plan.stream, rg, lo, hi, cache, len(owned) + 2)
+                      for rg, lo, hi in zip(pieces.rg.tolist(), pieces.lo.tolist(), pieces.hi.tolist())]
+            return pa.concat_tables(tables)
+
+        try:
+            last: Batch | None = None
+            for i, table in zip(range(first, real), read_ahead(build, range(first, real), self.read_ahead)):
+                last = as_batch(table, self.converter)
+                if table.num_rows < bs:
+                    last = concat(last, padding_like(last, bs - table.num_rows))
+                if i >= skip:
+                    progress["delivered"] += 1
+                    yield last
+            if plan.steps > max(real, skip):
+                template = last if last is not None else self._template_batch(reader, plan.stream)
+                pad = padding_like(template, bs)
+                for _ in range(plan.steps - max(real, skip)):
                     progress["delivered"] += 1
                     yield clone(pad)
         finally:
@@ -348,9 +432,20 @@ class ParquetStream(IterableDataset):
                     yield merged.slice(lo, hi - lo)
             start += len(labels)
 
-    def _read_piece(self, reader: RowGroupReader, plan: EpochPlan, rg: int, lo: int, hi: int) -> pa.Table:
+    def _read_piece(
+        self, reader: RowGroupReader, plan: EpochPlan, rg: int, lo: int, hi: int,
+        cache: OrderedDict[int, pa.Table] | None = None, capacity: int = 0,
+    ) -> pa.Table:
         catalog = self.catalog
-        table = reader.read(int(catalog.rg_file[rg]), int(catalog.rg_index[rg]))
+        table = cache.get(rg) if cache is not None else None
+        if table is None:
+            table = reader.read(int(catalog.rg_file[rg]), int(catalog.rg_index[rg]))
+            if cache is not None:
+                cache[rg] = table
+                while len(cache) > capacity:
+                    cache.popitem(last=False)
+        elif cache is not None:
+            cache.move_to_end(rg)
         if table.num_rows != catalog.rg_rows[rg]:
             raise ReadError(
                 f"{catalog.urls[int(catalog.rg_file[rg])]}: row group {int(catalog.rg_index[rg])} has "
