@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+import pickle
+import warnings
 from collections import OrderedDict
 from typing import Any, Callable, Iterator, Sequence
 
@@ -25,7 +27,7 @@ from .elastic import STATE_VERSION, Segment, resume_plan, worker_batches_deliver
 from .plan import EpochPlan, Layout, PlanConfig, Pieces, WorkerPlan, interleave_index, skip_rows
 from .reader import RowGroupReader, read_ahead
 from .tensors import Batch, BatchConverter
-from .topology import Topology, current_worker, resolve_rank_world
+from .topology import Topology, _from_torch_distributed, current_worker, resolve_rank_world
 
 log = logging.getLogger("streamshard")
 
@@ -104,7 +106,9 @@ class ParquetStream(IterableDataset):
         if partitions is not None and (batch_size is None or shuffle_window != 1):
             raise ValueError("partitions= needs an int batch_size and shuffle_window=1")
         self.partitions = partitions
+        self._topology_given = rank is not None and world_size is not None
         self.rank, self.world_size = resolve_rank_world(rank, world_size)
+        self._warned: set[str] = set()
         self.storage_options = dict(storage_options or {})
         self.transform = transform
         self.read_ahead = read_ahead
@@ -126,6 +130,46 @@ class ParquetStream(IterableDataset):
             raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
         self._epoch.fill_(int(epoch))
         self.converter  # noqa: B018 - builds the catalog and checks the column types once
+        self._warn_about_traps()
+
+    def _warn_about_traps(self, num_workers: int | None = None) -> None:
+        """Warn (once each) about set-ups that work here but fail or waste time elsewhere."""
+        if not self._topology_given:
+            dist_rank, dist_world = _from_torch_distributed()
+            if dist_world is not None and (dist_rank, dist_world) != (self.rank, self.world_size):
+                self._warn_once(
+                    "topology",
+                    f"ParquetStream was built as rank {self.rank} of {self.world_size}, but torch.distributed "
+                    f"now says rank {dist_rank} of {dist_world}: build the dataset after init_process_group, "
+                    "or pass rank= and world_size=",
+                )
+        if self.transform is not None and "transform" not in self._warned:
+            try:
+                pickle.dumps(self.transform)
+            except Exception as exc:  # noqa: BLE001 - any pickling failure means the same thing here
+                self._warn_once(
+                    "transform",
+                    f"transform {self.transform!r} cannot be pickled ({exc}); DataLoader workers started with "
+                    "'spawn' or 'forkserver' (macOS, Windows, Python 3.14+) will fail: define it at module level",
+                )
+        if num_workers is not None and self._catalog is not None and self.partitions is None:
+            units = int(np.count_nonzero(self.catalog.rg_rows)) if self.config.unit == "row_group" else int(
+                np.count_nonzero(np.bincount(self.catalog.rg_file, weights=self.catalog.rg_rows))
+            )
+            workers = self.world_size * max(num_workers, 1)
+            if 0 < units < workers:
+                self._warn_once(
+                    "units",
+                    f"{workers} global workers share {units} non-empty {self.config.unit.replace('_', ' ')}s: "
+                    "units are split between workers, and each split one is decoded by every worker that "
+                    "shares it; write smaller row groups or use fewer workers",
+                )
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, stacklevel=3)
+            log.warning(message)
 
     @property
     def epoch(self) -> int:
@@ -290,6 +334,8 @@ class ParquetStream(IterableDataset):
             batches = self._iter_canonical(worker_id, num_workers)
             return batches if self.transform is None else (self.transform(b) for b in batches)
         plan, history, role, skip, _ = self._resolve(worker_id, num_workers)
+        if worker_id == 0:
+            self._warn_about_traps(num_workers)
         worker = Topology(self.rank, self.world_size, role, num_workers).global_worker_id
         if worker == 0 and self.config.uneven == "drop" and plan.dropped_rows():
             log.warning("uneven='drop' leaves out %d of %d rows in epoch %d", plan.dropped_rows(), plan.total_rows, plan.epoch)

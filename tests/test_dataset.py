@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -151,3 +152,46 @@ def test_delivered_rows_match_the_pure_simulation(skewed_corpus, kwargs):
         expected = plan.delivered_ids(worker)
         got = ids_of(list(DataLoader(ds, batch_size=None, num_workers=2))[loader_worker::2])
         np.testing.assert_array_equal(got[got >= 0], expected)
+
+
+def test_an_unpicklable_transform_is_warned_about(small_corpus):
+    ds = ss.ParquetStream(small_corpus, transform=lambda b: b, rank=0, world_size=1)
+    with pytest.warns(UserWarning, match="cannot be pickled"):
+        ds.set_epoch(0)
+
+
+def test_more_workers_than_row_groups_is_warned_about(tmp_path):
+    write_corpus(str(tmp_path), [[50], [50]])
+    ds = ss.ParquetStream(str(tmp_path), rank=0, world_size=3)
+    ds.set_epoch(0)
+    with pytest.warns(UserWarning, match="3 global workers share 2 non-empty row groups"):
+        list(ds)
+
+
+def test_a_dataset_built_before_init_process_group_is_warned_about(small_corpus, monkeypatch):
+    import torch.distributed as dist
+
+    monkeypatch.setenv("RANK", "1")  # a stale environment: the real process group will say rank 0 of 1
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    stale = ss.ParquetStream(small_corpus)
+    explicit = ss.ParquetStream(small_corpus, rank=1, world_size=2)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        with pytest.warns(UserWarning, match="init_process_group"):
+            stale.set_epoch(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            explicit.set_epoch(0)  # explicit arguments win, no warning
+            ss.ParquetStream(small_corpus).set_epoch(0)  # built after init: agrees with the group
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
