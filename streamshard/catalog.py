@@ -2,7 +2,12 @@
 
 Files are listed through fsspec (sorted by URL, so every process agrees on the order) and
 every footer is read before iteration, concurrently, with one ranged request per file for the
-tail. The result is a compact table of row groups (numpy arrays), which is all planning needs.
+tail. The result is a compact table of row groups (numpy arrays), which is all planning needs,
+plus the byte range of every projected column chunk, so a worker fetches exactly those bytes.
+
+Footer summaries can be cached on disk (``cache_dir``, opt-in), keyed by each file's size and
+version. When torch.distributed is initialised, rank 0 lists, the ranks split the footer reads
+and all-gather the summaries, so every rank gets the same catalog for 1/world of the requests.
 """
 
 from __future__ import annotations
@@ -10,20 +15,23 @@ from __future__ import annotations
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from . import collective
+from .catalog_cache import CatalogCache, FileEntry, footer_from_dict, footer_to_dict
 from .errors import CatalogError
-from .storage import FileSystems
+from .footer import FooterError, chunk_ranges, parse_footer, tail_range
+from .retry import RetriesExhausted, RetryPolicy, call_with_retry, describe
+from .storage import FileSystems, check_short_read
 
 log = logging.getLogger("streamshard")
 
 _GLOB_CHARS = ("*", "?", "[")
-_FOOTER_PROBE_BYTES = 64 * 1024
-_MAGIC = b"PAR1"
+_VERSION_KEYS = ("ETag", "etag", "generation", "md5Hash", "mtime", "LastModified", "last_modified", "updated")
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,9 @@ class FileFooter:
     row_group_rows: np.ndarray  # int64, one entry per row group
     schema: pa.Schema  # projected arrow schema, in projection order
     maybe_null: frozenset[str]  # projected columns whose statistics do not rule out nulls
+    footer_length: int = 0  # the Thrift footer's length (the 8 bytes after it are not counted)
+    ranges: np.ndarray | None = None  # int64 (row groups, projected columns, 2): [start, end)
+    version: str = ""  # ETag / mtime the listing reported ('' if none)
 
 
 @dataclass(frozen=True, eq=False)
@@ -44,6 +55,8 @@ class Catalog:
     Global sample ids: files sorted by URL, then row groups in file order, then rows.
     ``schema`` is the projected Arrow schema; a field is nullable when some file's statistics
     do not rule out nulls in it (so tensors get a validity mask for exactly those columns).
+    ``rg_ranges[g, c]`` is the ``[start, end)`` byte range of projected column ``c`` in row
+    group ``g``; ``footer_lengths`` lets a reader fetch a footer with one exact request.
     """
 
     urls: tuple[str, ...]
@@ -52,13 +65,18 @@ class Catalog:
     rg_index: np.ndarray  # int64 per row group: row group number inside its file
     rg_rows: np.ndarray  # int64 per row group
     schema: pa.Schema
+    footer_lengths: np.ndarray | None = None  # int64 per file
+    rg_ranges: np.ndarray | None = None  # int64 (row groups, columns, 2)
     rg_first_id: np.ndarray = field(init=False, repr=False)
+    file_first_rg: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         first = np.zeros(len(self.rg_rows), dtype=np.int64)
         if len(self.rg_rows) > 1:
             np.cumsum(self.rg_rows[:-1], out=first[1:])
         object.__setattr__(self, "rg_first_id", first)
+        starts = np.searchsorted(self.rg_file, np.arange(len(self.urls)), side="left").astype(np.int64)
+        object.__setattr__(self, "file_first_rg", starts)
 
     @property
     def num_files(self) -> int:
@@ -85,6 +103,12 @@ class Catalog:
             f"{self.num_rows} rows, columns={self.columns})"
         )
 
+    def projected_bytes(self) -> int:
+        """Bytes of the projected column chunks of every row group (what one epoch fetches)."""
+        if self.rg_ranges is None:
+            raise ValueError("this catalog has no byte ranges")
+        return int((self.rg_ranges[..., 1] - self.rg_ranges[..., 0]).sum())
+
     @classmethod
     def build(
         cls,
@@ -92,8 +116,16 @@ class Catalog:
         columns: Sequence[str] | None = None,
         storage_options: dict[str, Any] | None = None,
         max_concurrency: int = 32,
+        cache_dir: str | None = None,
+        retry: RetryPolicy | None = None,
+        distributed: bool = True,
     ) -> "Catalog":
         """List the files ``paths`` names and read every footer.
+
+        ``cache_dir``: keep footer summaries there and reuse those of unchanged files.
+        ``retry``: how transient storage faults are retried (default ``RetryPolicy()``).
+        ``distributed``: when torch.distributed is initialised, split the footer reads across
+        ranks (every rank must call ``build`` with the same arguments); False reads all here.
 
         Raises ``CatalogError`` when a path matches nothing, a file is not Parquet, a projected
         column is missing, or two files disagree on a column's type (naming both files).
@@ -101,9 +133,17 @@ class Catalog:
         projection = list(columns) if columns is not None else None
         if projection is not None and len(set(projection)) != len(projection):
             raise ValueError(f"columns has duplicates: {projection}")
+        if isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__"):
+            paths = [str(paths)]
+        paths = [str(p) for p in paths]
         filesystems = FileSystems(storage_options)
-        files = list_files(paths, filesystems)
-        footers = _read_footers(files, projection, filesystems, max_concurrency)
+        policy = retry or RetryPolicy()
+        cache = CatalogCache(cache_dir, paths, projection) if cache_dir else None
+        group = collective.process_group() if distributed else None
+        if group is None:
+            footers = _build_local(paths, projection, filesystems, policy, cache, max_concurrency)
+        else:
+            footers = _build_distributed(paths, projection, filesystems, policy, cache, max_concurrency, *group)
         return cls.from_footers(footers)
 
     @classmethod
@@ -118,6 +158,12 @@ class Catalog:
         rg_file = np.repeat(np.arange(len(footers), dtype=np.int64), counts)
         starts = np.repeat(np.cumsum(counts) - counts, counts)
         rg_index = np.arange(len(rg_rows), dtype=np.int64) - starts
+        has_ranges = all(f.ranges is not None and f.footer_length > 0 for f in footers)
+        ranges = None
+        if has_ranges:
+            width = len(schema)
+            parts = [f.ranges.reshape(len(f.row_group_rows), width, 2) for f in footers]
+            ranges = np.concatenate(parts) if parts else np.zeros((0, width, 2), np.int64)
         return cls(
             urls=tuple(f.url for f in footers),
             file_sizes=np.array([f.size for f in footers], dtype=np.int64),
@@ -125,11 +171,96 @@ class Catalog:
             rg_index=rg_index,
             rg_rows=rg_rows,
             schema=schema,
+            footer_lengths=np.array([f.footer_length for f in footers], dtype=np.int64) if has_ranges else None,
+            rg_ranges=ranges,
         )
 
 
+def _build_local(
+    paths: list[str],
+    columns: list[str] | None,
+    filesystems: FileSystems,
+    policy: RetryPolicy,
+    cache: CatalogCache | None,
+    max_concurrency: int,
+) -> list[FileFooter]:
+    files = list_entries(paths, filesystems, policy)
+    cached = cache.load(files) if cache else {}
+    missing = [f for f in files if f.url not in cached]
+    read = dict(zip((f.url for f in missing), _read_footers(missing, columns, filesystems, policy, max_concurrency)))
+    footers = [read[f.url] if f.url in read else footer_from_dict(cached[f.url]) for f in files]
+    if cache is not None and missing:
+        cache.save([footer_to_dict(f) for f in footers])
+    log.debug("catalog: %d files, %d footers read, %d from cache", len(files), len(missing), len(cached))
+    return footers
+
+
+def _build_distributed(
+    paths: list[str],
+    columns: list[str] | None,
+    filesystems: FileSystems,
+    policy: RetryPolicy,
+    cache: CatalogCache | None,
+    max_concurrency: int,
+    rank: int,
+    world: int,
+) -> list[FileFooter]:
+    """Rank 0 lists and consults the cache; ranks read interleaved shares of the rest; all-gather.
+
+    Errors travel as messages through the same collectives, so every rank raises the same
+    ``CatalogError`` instead of some ranks waiting forever on the others.
+    """
+    listing: dict[str, Any] = {}
+    if rank == 0:
+        listing = _guarded(lambda: _list_and_load(paths, filesystems, policy, cache))
+    listing = collective.broadcast(listing)
+    _raise_if_error([listing])
+    files = [FileEntry(*f) for f in listing["files"]]
+    cached: dict[str, dict[str, Any]] = listing["cached"]
+    missing = [f for f in files if f.url not in cached]
+    mine = missing[rank::world]
+    share = _guarded(lambda: {"footers": [footer_to_dict(f) for f in _read_footers(
+        mine, columns, filesystems, policy, max_concurrency)]})
+    shares = collective.all_gather(share)
+    _raise_if_error(shares)
+    read = {d["url"]: d for s in shares for d in s["footers"]}
+    dicts = [read.get(f.url) or cached[f.url] for f in files]
+    if rank == 0 and cache is not None and missing:
+        cache.save(dicts)
+    log.debug("catalog rank %d/%d: read %d of %d footers", rank, world, len(mine), len(files))
+    return [footer_from_dict(d) for d in dicts]
+
+
+def _list_and_load(
+    paths: list[str], filesystems: FileSystems, policy: RetryPolicy, cache: CatalogCache | None
+) -> dict[str, Any]:
+    files = list_entries(paths, filesystems, policy)
+    cached = cache.load(files) if cache else {}
+    return {"files": [[f.url, f.size, f.version] for f in files], "cached": cached}
+
+
+def _guarded(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    try:
+        return fn()
+    except CatalogError as exc:
+        return {"error": str(exc)}
+
+
+def _raise_if_error(results: Sequence[dict[str, Any]]) -> None:
+    for result in results:
+        if "error" in result:
+            raise CatalogError(result["error"])
+
+
 def list_files(paths: str | Sequence[str], filesystems: FileSystems | None = None) -> list[tuple[str, int]]:
-    """Expand files, directories and globs into sorted, de-duplicated ``(url, size)`` pairs.
+    """Expand files, directories and globs into sorted, de-duplicated ``(url, size)`` pairs."""
+    return [(f.url, f.size) for f in list_entries(paths, filesystems)]
+
+
+def list_entries(
+    paths: str | Sequence[str], filesystems: FileSystems | None = None, retry: RetryPolicy | None = None
+) -> list[FileEntry]:
+    """Expand files, directories and globs into sorted, de-duplicated ``FileEntry``s.
 
     Directories are searched recursively; names starting with ``.`` or ``_`` (``_SUCCESS``,
     ``.crc`` files, ``_metadata``) are skipped there, as Spark and Hive writers expect.
@@ -141,16 +272,23 @@ def list_files(paths: str | Sequence[str], filesystems: FileSystems | None = Non
     if not paths:
         raise CatalogError("paths is empty: give at least one file, directory or glob")
     filesystems = filesystems or FileSystems()
-    found: dict[str, int] = {}
+    policy = retry or RetryPolicy()
+    found: dict[str, FileEntry] = {}
     for path in paths:
-        matched = _expand(path, filesystems)
+        try:
+            matched = call_with_retry(lambda: _expand(path, filesystems), policy, f"listing {path}", filesystems.redact)
+        except CatalogError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any backend error becomes one clear message
+            cause = exc.last if isinstance(exc, RetriesExhausted) else exc
+            raise CatalogError(filesystems.redact(f"listing {path!r} failed: {describe(cause)}")) from None
         if not matched:
             raise CatalogError(f"no files matched {path!r}")
         found.update(matched)
-    return sorted(found.items())
+    return [found[url] for url in sorted(found)]
 
 
-def _expand(path: str, filesystems: FileSystems) -> dict[str, int]:
+def _expand(path: str, filesystems: FileSystems) -> dict[str, FileEntry]:
     fs, root = filesystems.resolve(path)
     if any(ch in root for ch in _GLOB_CHARS):
         entries = fs.glob(root, detail=True)
@@ -160,37 +298,55 @@ def _expand(path: str, filesystems: FileSystems) -> dict[str, int]:
         entries = {root: fs.info(root)}
     else:
         return {}
-    out: dict[str, int] = {}
+    out: dict[str, FileEntry] = {}
     for name, info in entries.items():
         if info.get("type") == "directory":
             for sub, subinfo in fs.find(name, detail=True).items():
                 relative = sub[len(name.rstrip("/")) + 1 :]
                 if not any(part.startswith((".", "_")) for part in relative.split("/")):
-                    out[fs.unstrip_protocol(sub)] = int(subinfo["size"])
+                    url = fs.unstrip_protocol(sub)
+                    out[url] = FileEntry(url, int(subinfo["size"]), _version(subinfo))
         else:
-            out[fs.unstrip_protocol(name)] = int(info["size"])
+            url = fs.unstrip_protocol(name)
+            out[url] = FileEntry(url, int(info["size"]), _version(info))
     return out
 
 
+def _version(info: dict[str, Any]) -> str:
+    """What changes when a file is rewritten: ETag/generation on object stores, else mtime."""
+    for key in _VERSION_KEYS:
+        value = info.get(key)
+        if value not in (None, ""):
+            return f"{key}={value}"
+    return ""
+
+
 def _read_footers(
-    files: list[tuple[str, int]],
+    files: Sequence[FileEntry],
     columns: list[str] | None,
     filesystems: FileSystems,
+    policy: RetryPolicy,
     max_concurrency: int,
 ) -> list[FileFooter]:
-    def one(item: tuple[str, int]) -> FileFooter:
-        url, size = item
-        return read_footer(url, size, columns, filesystems)
+    def one(entry: FileEntry) -> FileFooter:
+        return read_footer(entry.url, entry.size, columns, filesystems, policy, entry.version)
 
-    if len(files) == 1 or max_concurrency <= 1:
-        return [one(item) for item in files]
+    if len(files) <= 1 or max_concurrency <= 1:
+        return [one(entry) for entry in files]
     with ThreadPoolExecutor(max_workers=min(max_concurrency, len(files))) as pool:
         return list(pool.map(one, files))
 
 
-def read_footer(url: str, size: int, columns: list[str] | None, filesystems: FileSystems) -> FileFooter:
+def read_footer(
+    url: str,
+    size: int,
+    columns: list[str] | None,
+    filesystems: FileSystems,
+    retry: RetryPolicy | None = None,
+    version: str = "",
+) -> FileFooter:
     """Read one file's footer with one ranged request for its tail (two if the footer is huge)."""
-    metadata = _fetch_metadata(url, size, filesystems)
+    metadata, footer_length = _fetch_metadata(url, size, filesystems, retry or RetryPolicy())
     try:
         schema = metadata.schema.to_arrow_schema()
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for bad schemas
@@ -205,29 +361,38 @@ def read_footer(url: str, size: int, columns: list[str] | None, filesystems: Fil
     rows = np.array(
         [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)], dtype=np.int64
     )
-    return FileFooter(url, size, rows, schema, _columns_maybe_null(metadata, schema))
+    return FileFooter(
+        url, size, rows, schema, _columns_maybe_null(metadata, schema),
+        footer_length=footer_length, ranges=chunk_ranges(metadata, schema.names), version=version,
+    )
 
 
-def _fetch_metadata(url: str, size: int, filesystems: FileSystems) -> pq.FileMetaData:
-    if size < 12:
-        raise CatalogError(f"{url}: not a Parquet file ({size} bytes is too small)")
+def _fetch_metadata(
+    url: str, size: int, filesystems: FileSystems, policy: RetryPolicy
+) -> tuple[pq.FileMetaData, int]:
     fs, path = filesystems.resolve(url)
-    probe = min(size, _FOOTER_PROBE_BYTES)
-    tail = fs.cat_file(path, start=size - probe, end=size)
-    if len(tail) != probe:
-        raise CatalogError(f"{url}: file is shorter than its listed size {size}; did it change?")
-    if tail[-4:] != _MAGIC:
-        kind = "encrypted Parquet is not supported" if tail[-4:] == b"PARE" else "no PAR1 magic at the end"
-        raise CatalogError(f"{url}: not a readable Parquet file ({kind}; truncated or another format?)")
-    footer_len = int.from_bytes(tail[-8:-4], "little")
-    if footer_len + 12 > size:
-        raise CatalogError(f"{url}: corrupt Parquet footer (length {footer_len} exceeds file size {size})")
-    if footer_len + 8 > probe:
-        tail = fs.cat_file(path, start=size - footer_len - 8, end=size)
+
+    def fetch(start: int, end: int) -> bytes:
+        def attempt() -> bytes:
+            data = fs.cat_file(path, start=start, end=end)
+            if len(data) != end - start:
+                check_short_read(fs, path, url, size, len(data), end - start, CatalogError)
+            return data
+
+        try:
+            return call_with_retry(attempt, policy, f"{url} footer bytes {start}-{end}", filesystems.redact)
+        except CatalogError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - permanent or exhausted: name the file and cause
+            cause = exc.last if isinstance(exc, RetriesExhausted) else exc
+            extra = f" ({exc.attempts} attempts)" if isinstance(exc, RetriesExhausted) else ""
+            raise CatalogError(filesystems.redact(f"{url}: reading the footer failed{extra}: {describe(cause)}")) from None
+
     try:
-        return pq.read_metadata(pa.BufferReader(tail[-(footer_len + 8) :]))
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises OSError/ArrowInvalid variants
-        raise CatalogError(f"{url}: corrupt Parquet footer: {exc}") from exc
+        start, end = tail_range(size, None)
+        return parse_footer(fetch(start, end), size, fetch)
+    except FooterError as exc:
+        raise CatalogError(f"{url}: {exc}") from exc
 
 
 def _columns_maybe_null(metadata: pq.FileMetaData, schema: pa.Schema) -> frozenset[str]:

@@ -63,6 +63,8 @@ class ParquetStream(IterableDataset):
             the rows of each global step are the same for every world size W with
             W * num_workers dividing ``partitions``, given the same global batch
             (``batch_size * W``) and ``num_workers``. Needs an int ``batch_size``.
+        catalog_cache: a directory where the catalog is cached (JSON); files whose size and
+            ETag/mtime are unchanged are not read again. None: no cache.
     """
 
     def __init__(
@@ -81,6 +83,7 @@ class ParquetStream(IterableDataset):
         read_ahead: int = 2,
         shuffle_window: int = 1,
         partitions: int | None = None,
+        catalog_cache: str | None = None,
     ) -> None:
         super().__init__()
         if isinstance(paths, (list, tuple)):
@@ -112,6 +115,7 @@ class ParquetStream(IterableDataset):
         self.storage_options = dict(storage_options or {})
         self.transform = transform
         self.read_ahead = read_ahead
+        self.catalog_cache = catalog_cache
         self._catalog: Catalog | None = None
         self._converter: BatchConverter | None = None  # derived from the catalog; not pickled
         # Shared memory, so set_epoch reaches persistent DataLoader workers too.
@@ -179,7 +183,7 @@ class ParquetStream(IterableDataset):
     def catalog(self) -> Catalog:
         """The files and row groups, read from the footers on first access (then kept)."""
         if self._catalog is None:
-            catalog = Catalog.build(self.paths, self.columns, self.storage_options)
+            catalog = Catalog.build(self.paths, self.columns, self.storage_options, cache_dir=self.catalog_cache)
             self._converter = BatchConverter(catalog.schema, source=catalog.urls[0])
             self._catalog = catalog
         return self._catalog
@@ -441,7 +445,7 @@ class ParquetStream(IterableDataset):
 
     def _reader(self) -> RowGroupReader:
         catalog = self.catalog
-        return RowGroupReader(catalog.urls, catalog.file_sizes, catalog.columns, self.storage_options)
+        return RowGroupReader.from_catalog(catalog, self.storage_options)
 
     def iter_piece_tables(
         self, plan: EpochPlan, pieces: Pieces, reader: RowGroupReader | None = None
@@ -451,7 +455,9 @@ class ParquetStream(IterableDataset):
         reader = reader or self._reader()
         try:
             spans = zip(pieces.rg.tolist(), pieces.lo.tolist(), pieces.hi.tolist())
-            yield from read_ahead(lambda span: self._read_piece(reader, plan, *span), spans, self.read_ahead)
+            # _read_piece is thread-safe, so the read-ahead window is also the number of reads in flight.
+            read = lambda span: self._read_piece(reader, plan, *span)  # noqa: E731
+            yield from read_ahead(read, spans, self.read_ahead, workers=max(self.read_ahead, 1))
         finally:
             if own:
                 reader.close()

@@ -1,31 +1,74 @@
-"""Reading row groups inside a worker: files opened lazily, a bounded read-ahead, clear errors.
+"""Reading row groups inside a worker: exact byte ranges, bounded read-ahead, retries, clear errors.
 
-Only the projected columns of the row groups a worker owns are decoded. Files are opened with
-fsspec (any backend) without a read-ahead cache, and pyarrow's ``pre_buffer`` coalesces the
-column-chunk reads of a row group into a few ranged requests.
+For one row group the reader fetches only the column chunks of the projected columns, as byte
+ranges (adjacent ones coalesced when the gap is small), plus the file's footer the first time
+it meets the file. With the catalog's ranges the footer and the data are fetched together, in
+one concurrent round. pyarrow then decodes from those bytes alone (the footer is passed as
+``metadata``, so nothing else is read). No whole-file downloads, no fsspec read-ahead buffers,
+no HEAD requests.
+
+Backends: an async fsspec filesystem (s3fs, gcsfs, http) gets all ranges of a row group in
+flight at once through ``fs.cat_ranges``; a synchronous one (local disk) is read through one
+open handle per file. Every request is retried on transient faults (``streamshard.retry``).
 """
 
 from __future__ import annotations
 
+import bisect
+import logging
 import threading
 from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from fsspec.utils import merge_offset_ranges
 
 from .errors import ReadError
-from .storage import FileSystems
+from .footer import FooterError, chunk_ranges, parse_footer, tail_range
+from .retry import RetriesExhausted, RetryPolicy, TransientError, call_with_retry, describe, is_transient
+from .storage import FileSystems, check_short_read, is_async
+
+log = logging.getLogger("streamshard")
 
 T = TypeVar("T")
 R = TypeVar("R")
+Range = tuple[int, int]
+
+DEFAULT_MAX_GAP = 16 * 1024  # bytes of unneeded data worth fetching to save one request
+# Without the catalog's footer length, a small probe of the tail: narrow schemas fit, and a
+# wide footer costs one more request rather than every worker fetching data it will not use.
+FOOTER_PROBE_BYTES = 16 * 1024
+
+
+@dataclass
+class ReadStats:
+    """What a reader fetched: requests, bytes, footers; ``misses`` should stay 0."""
+
+    requests: int = 0
+    bytes_fetched: int = 0
+    footers_fetched: int = 0
+    row_groups_read: int = 0
+    misses: int = 0  # reads pyarrow made outside the planned ranges (fetched on demand)
 
 
 class RowGroupReader:
-    """Reads ``(file, row group)`` of a fixed list of files, opening each file on first use.
+    """Reads ``(file, row group)`` of a fixed list of files, fetching only what it decodes.
 
-    Safe to call from several threads: each thread keeps its own small cache of open files.
+    Args:
+        urls, sizes: the files (as cataloged) and their sizes in bytes.
+        columns: top-level columns to decode (None: all).
+        storage_options: fsspec options (credentials, endpoint); secrets never reach messages.
+        max_open_files: open handles kept for synchronous filesystems.
+        footer_lengths, rg_ranges, file_first_rg: the catalog's byte layout (see
+            ``from_catalog``); without it each file's footer is fetched before its data.
+        retry: per-request retry policy. max_gap: coalesce ranges closer than this.
+        max_cached_footers: parsed footers kept (a footer is fetched again after eviction).
+
+    Thread-safe: several row groups may be read at once (that is how read-ahead overlaps I/O).
     """
 
     def __init__(
@@ -35,66 +78,361 @@ class RowGroupReader:
         columns: Sequence[str] | None,
         storage_options: dict[str, Any] | None = None,
         max_open_files: int = 4,
+        *,
+        footer_lengths: Sequence[int] | None = None,
+        rg_ranges: np.ndarray | None = None,
+        file_first_rg: Sequence[int] | None = None,
+        retry: RetryPolicy | None = None,
+        max_gap: int = DEFAULT_MAX_GAP,
+        max_cached_footers: int = 64,
     ) -> None:
         self.urls, self.sizes = list(urls), [int(s) for s in sizes]
         self.columns = list(columns) if columns is not None else None
         self.filesystems = FileSystems(storage_options)
-        self.max_open_files = max_open_files
-        self.files_opened = 0  # how many opens this reader did (laziness is observable)
-        self._local = threading.local()
-        self._all_open: list[Any] = []
+        self.retry = retry or RetryPolicy()
+        self.max_gap = max_gap
+        layout = (footer_lengths, rg_ranges, file_first_rg)
+        if any(x is None for x in layout) and any(x is not None for x in layout):
+            raise ValueError("footer_lengths, rg_ranges and file_first_rg go together")
+        self._footer_lengths = None if footer_lengths is None else [int(x) for x in footer_lengths]
+        self._rg_ranges = rg_ranges
+        self._file_first_rg = None if file_first_rg is None else np.asarray(file_first_rg, dtype=np.int64)
+        self.stats = ReadStats()
+        self.files_opened = 0  # distinct files this reader touched (laziness is observable)
+        self._touched: set[int] = set()
+        self._footers = _FooterCache(max_cached_footers)
+        self._handles = _Handles(max_open_files)
         self._lock = threading.Lock()
 
+    @classmethod
+    def from_catalog(cls, catalog: Any, storage_options: dict[str, Any] | None = None, **kwargs: Any) -> "RowGroupReader":
+        """A reader of ``catalog``'s files and columns that uses its byte ranges (no footer round trip)."""
+        layout: dict[str, Any] = {}
+        if getattr(catalog, "rg_ranges", None) is not None:
+            layout = dict(
+                footer_lengths=catalog.footer_lengths,
+                rg_ranges=catalog.rg_ranges,
+                file_first_rg=catalog.file_first_rg,
+            )
+        return cls(catalog.urls, catalog.file_sizes, catalog.columns, storage_options, **layout, **kwargs)
+
+    # -- public --------------------------------------------------------------------------------
     def read(self, file_index: int, row_group: int) -> pa.Table:
-        """The projected columns of one row group; ``ReadError`` names the URL and row group."""
+        """The projected columns of one row group; ``ReadError`` names the URL, row group and cause."""
         url = self.urls[file_index]
         try:
-            return self._open(file_index).read_row_group(row_group, columns=self.columns)
+            metadata, parts = self._fetch_row_group(file_index, row_group)
+            source = _SparseFile(self.sizes[file_index], sorted(parts), lambda s, e: self._miss(file_index, s, e))
+            parquet = pq.ParquetFile(pa.PythonFile(source, mode="r"), metadata=metadata, pre_buffer=False)
+            table = parquet.read_row_group(row_group, columns=self.columns)
         except ReadError:
             raise
         except Exception as exc:  # noqa: BLE001 - fsspec/pyarrow/botocore raise many types
-            raise ReadError(f"{url}: reading row group {row_group} failed: {type(exc).__name__}: {exc}") from exc
+            raise self._error(file_index, row_group, exc) from None
+        with self._lock:
+            self.stats.row_groups_read += 1
+        return table
+
+    def close(self) -> None:
+        """Close open handles and forget cached footers (the reader can still be used after)."""
+        self._handles.close()
+        self._footers.clear()
+
+    # -- fetching ------------------------------------------------------------------------------
+    def _fetch_row_group(self, file_index: int, row_group: int) -> tuple[pq.FileMetaData, list[tuple[int, bytes]]]:
+        """The file's footer and the bytes of the row group's projected chunks, as few rounds as possible."""
+        self._touch(file_index)
+        metadata, owner = self._footers.get_or_claim(file_index)
+        if not owner:
+            if metadata is None and self._rg_ranges is None:
+                metadata = self._footers.wait(file_index) or self._fetch_footer(file_index)
+            parts = self._fetch(file_index, self._ranges(file_index, row_group, metadata))
+            if metadata is None:
+                metadata = self._footers.wait(file_index) or self._fetch_footer(file_index)
+            return metadata, parts
+        try:
+            size = self.sizes[file_index]
+            known = self._footer_lengths[file_index] if self._footer_lengths is not None else None
+            if known is not None:  # footer and data in one concurrent round
+                wanted = self._ranges(file_index, row_group, None)
+                fetched = self._fetch(file_index, [tail_range(size, known)] + wanted)
+                metadata = self._parse_footer(file_index, fetched[0][1], known)
+                parts = fetched[1:]
+            else:
+                metadata = self._fetch_footer(file_index)
+                parts = self._fetch(file_index, self._ranges(file_index, row_group, metadata))
+            self._footers.put(file_index, metadata)
+            return metadata, parts
+        except BaseException as exc:
+            self._footers.fail(file_index, exc)
+            raise
+
+    def _fetch_footer(self, file_index: int) -> pq.FileMetaData:
+        known = self._footer_lengths[file_index] if self._footer_lengths is not None else None
+        size = self.sizes[file_index]
+        start, end = tail_range(size, known) if known is not None else (max(0, size - FOOTER_PROBE_BYTES), size)
+        tail = self._fetch(file_index, [(start, end)])[0][1]
+        return self._parse_footer(file_index, tail, known)
+
+    def _ranges(self, file_index: int, row_group: int, metadata: pq.FileMetaData | None) -> list[Range]:
+        """Coalesced ``[start, end)`` ranges of the projected chunks of one row group."""
+        if self._rg_ranges is not None:
+            first = int(self._file_first_rg[file_index])
+            stop = int(self._file_first_rg[file_index + 1]) if file_index + 1 < len(self.urls) else len(self._rg_ranges)
+            if not 0 <= row_group < stop - first:
+                raise ReadError(f"{self.urls[file_index]}: row group {row_group} does not exist "
+                                f"(the catalog has {stop - first})")
+            spans = self._rg_ranges[first + row_group]
+        else:
+            assert metadata is not None
+            if not 0 <= row_group < metadata.num_row_groups:
+                raise ReadError(f"{self.urls[file_index]}: row group {row_group} does not exist "
+                                f"(the file has {metadata.num_row_groups})")
+            names = self.columns if self.columns is not None else metadata.schema.to_arrow_schema().names
+            spans = chunk_ranges(metadata, names)[row_group]
+        spans = [(int(s), int(e)) for s, e in spans if e > s]
+        if not spans:
+            return []
+        n = len(spans)
+        _, starts, ends = merge_offset_ranges([""] * n, [s for s, _ in spans], [e for _, e in spans], max_gap=self.max_gap)
+        return list(zip(starts, ends))
+
+    def _parse_footer(self, file_index: int, tail: bytes, known: int | None) -> pq.FileMetaData:
+        url, size = self.urls[file_index], self.sizes[file_index]
+        try:
+            metadata, length = parse_footer(tail, size, None if known is not None else self._fetcher(file_index))
+        except FooterError as exc:
+            raise ReadError(f"{url}: {exc}; did the file change since it was cataloged?") from None
+        if known is not None and length != known:
+            raise ReadError(f"{url}: footer is {length} bytes but was cataloged as {known}; did the file change?")
+        with self._lock:
+            self.stats.footers_fetched += 1
+        return metadata
+
+    def _fetcher(self, file_index: int) -> Callable[[int, int], bytes]:
+        return lambda start, end: self._fetch(file_index, [(start, end)])[0][1]
+
+    def _miss(self, file_index: int, start: int, end: int) -> bytes:
+        log.debug("%s: pyarrow read %d-%d outside the planned ranges", self.urls[file_index], start, end)
+        with self._lock:
+            self.stats.misses += 1
+        return self._fetch(file_index, [(start, end)])[0][1]
+
+    def _fetch(self, file_index: int, ranges: list[Range]) -> list[tuple[int, bytes]]:
+        """``(start, bytes)`` of each range (in the order asked), each request retried on its own."""
+        if not ranges:
+            return []
+        url, size = self.urls[file_index], self.sizes[file_index]
+        fs, path = self.filesystems.resolve(url)
+        got: dict[int, bytes] = {}
+
+        def attempt() -> None:
+            todo = [i for i in range(len(ranges)) if i not in got]
+            if is_async(fs):
+                results = fs.cat_ranges([path] * len(todo), [ranges[i][0] for i in todo],
+                                        [ranges[i][1] for i in todo], on_error="return")
+            else:
+                results = self._handles.read(file_index, fs, path, size, [ranges[i] for i in todo])
+            self._count(todo, ranges, results)
+            failure: BaseException | None = None
+            for i, result in zip(todo, results):
+                start, end = ranges[i]
+                if isinstance(result, BaseException):
+                    failure = result if failure is None or isinstance(failure, TransientError) else failure
+                elif len(result) != end - start:
+                    try:
+                        check_short_read(fs, path, url, size, len(result), end - start, ReadError)
+                    except TransientError as exc:
+                        failure = failure or exc
+                else:
+                    got[i] = result
+            if failure is not None:
+                raise failure
+
+        call_with_retry(attempt, self.retry, f"{url} ranges {ranges}", self.filesystems.redact)
+        return [(ranges[i][0], got[i]) for i in range(len(ranges))]
+
+    def _count(self, todo: list[int], ranges: list[Range], results: list[Any]) -> None:
+        fetched = sum(len(r) for r in results if isinstance(r, (bytes, bytearray)))
+        with self._lock:
+            self.stats.requests += len(todo)
+            self.stats.bytes_fetched += fetched
+
+    def _touch(self, file_index: int) -> None:
+        with self._lock:
+            if file_index not in self._touched:
+                self._touched.add(file_index)
+                self.files_opened += 1
+
+    def _error(self, file_index: int, row_group: int, exc: BaseException) -> ReadError:
+        cause = exc if isinstance(exc, RetriesExhausted) else describe(exc)
+        text = f"{self.urls[file_index]}: reading row group {row_group} failed: {cause}{self._change_note(file_index)}"
+        return ReadError(self.filesystems.redact(text))
+
+    def _change_note(self, file_index: int) -> str:
+        """After a failure: whether the file changed size or vanished since it was cataloged."""
+        fs, path = self.filesystems.resolve(self.urls[file_index])
+        try:
+            fs.invalidate_cache(path)
+            now = int(fs.info(path)["size"])
+        except FileNotFoundError:
+            return " (the file no longer exists)"
+        except Exception:  # noqa: BLE001 - no better explanation available; keep the original cause
+            return ""
+        cataloged = self.sizes[file_index]
+        return f" (the file is {now} bytes now but was cataloged with {cataloged}: it changed)" if now != cataloged else ""
+
+
+class _FooterCache:
+    """Parsed footers by file (LRU), fetched once even when several threads want the same file.
+
+    A file whose footer could not be fetched (permanent error, or retries exhausted) is
+    remembered, so the other pieces of that file fail at once instead of retrying again.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(1, capacity)
+        self._done: OrderedDict[int, pq.FileMetaData] = OrderedDict()
+        self._pending: dict[int, Future[pq.FileMetaData]] = {}
+        self._failed: dict[int, BaseException] = {}
+        self._lock = threading.Lock()
+
+    def get_or_claim(self, key: int) -> tuple[pq.FileMetaData | None, bool]:
+        """``(metadata, False)`` if cached; ``(None, True)``: caller must fetch it; ``(None, False)``: wait."""
+        with self._lock:
+            if key in self._done:
+                self._done.move_to_end(key)
+                return self._done[key], False
+            if key in self._pending:
+                return None, False
+            if key in self._failed:  # this file's footer failed for good: fail at once, not again
+                raise self._failed[key]
+            self._pending[key] = Future()
+            return None, True
+
+    def wait(self, key: int) -> pq.FileMetaData | None:
+        """The footer another thread is fetching; None if it was already evicted again."""
+        with self._lock:
+            if key in self._done:
+                return self._done[key]
+            future = self._pending.get(key)
+        return None if future is None else future.result()
+
+    def put(self, key: int, metadata: pq.FileMetaData) -> None:
+        with self._lock:
+            self._done[key] = metadata
+            while len(self._done) > self.capacity:
+                self._done.popitem(last=False)
+            future = self._pending.pop(key)
+        future.set_result(metadata)
+
+    def fail(self, key: int, exc: BaseException) -> None:
+        with self._lock:
+            future = self._pending.pop(key, None)
+            if isinstance(exc, (ReadError, RetriesExhausted)) or not is_transient(exc):
+                self._failed[key] = exc
+        if future is not None:
+            future.set_exception(exc)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._done.clear()
+            self._failed.clear()
+
+
+class _Handles:
+    """Open handles of a synchronous filesystem, one per file (LRU), reads serialised per reader."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(1, capacity)
+        self._open: OrderedDict[int, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def read(self, key: int, fs: Any, path: str, size: int, ranges: list[Range]) -> list[Any]:
+        with self._lock:
+            handle = self._open.get(key)
+            if handle is None:
+                # No fsspec read-ahead cache: exactly the bytes asked for are read.
+                handle = self._open[key] = fs.open(path, "rb", cache_type="none", size=size)
+                while len(self._open) > self.capacity:
+                    self._open.popitem(last=False)[1].close()
+            self._open.move_to_end(key)
+            out: list[Any] = []
+            for start, end in ranges:
+                try:
+                    handle.seek(start)
+                    out.append(handle.read(end - start))
+                except Exception as exc:  # noqa: BLE001 - reported per range, classified by the caller
+                    out.append(exc)
+            return out
 
     def close(self) -> None:
         with self._lock:
-            for handle in self._all_open:
+            for handle in self._open.values():
                 handle.close()
-            self._all_open.clear()
-        self._local = threading.local()
-
-    def _open(self, file_index: int) -> pq.ParquetFile:
-        cache: OrderedDict[int, tuple[pq.ParquetFile, Any]] | None = getattr(self._local, "files", None)
-        if cache is None:
-            cache = self._local.files = OrderedDict()
-        if file_index in cache:
-            cache.move_to_end(file_index)
-            return cache[file_index][0]
-        fs, path = self.filesystems.resolve(self.urls[file_index])
-        # No fsspec read-ahead cache: pyarrow asks for exactly the byte ranges it decodes.
-        handle = fs.open(path, "rb", cache_type="none", size=self.sizes[file_index])
-        with self._lock:
-            self._all_open.append(handle)
-            self.files_opened += 1
-        cache[file_index] = (pq.ParquetFile(handle, pre_buffer=True), handle)
-        while len(cache) > self.max_open_files:
-            _, (_, evicted) = cache.popitem(last=False)
-            with self._lock:
-                self._all_open.remove(evicted)
-            evicted.close()
-        return cache[file_index][0]
+            self._open.clear()
 
 
-def read_ahead(fn: Callable[[T], R], items: Iterable[T], depth: int) -> Iterator[R]:
+class _SparseFile:
+    """A read-only file of ``size`` bytes of which only some ranges are held; pyarrow reads from it.
+
+    A read outside the held ranges (an old writer's padding, a wrong range) is fetched on demand
+    through ``miss``, so decoding stays correct; the reader counts such misses.
+    """
+
+    def __init__(self, size: int, parts: list[tuple[int, bytes]], miss: Callable[[int, int], bytes]) -> None:
+        self.size, self._parts, self._miss = size, parts, miss
+        self._starts = [start for start, _ in parts]
+        self.pos = 0
+        self.closed = False
+
+    def read(self, n: int = -1) -> Any:
+        n = self.size - self.pos if n is None or n < 0 else min(n, self.size - self.pos)
+        if n <= 0:
+            return b""
+        i = bisect.bisect_right(self._starts, self.pos) - 1
+        start, end = self.pos, self.pos + n
+        self.pos = end
+        if i >= 0:
+            part_start, data = self._parts[i]
+            if end <= part_start + len(data):
+                return memoryview(data)[start - part_start : end - part_start]
+        return self._miss(start, end)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = offset if whence == 0 else self.pos + offset if whence == 1 else self.size + offset
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def read_ahead(fn: Callable[[T], R], items: Iterable[T], depth: int, workers: int = 1) -> Iterator[R]:
     """Yield ``fn(item)`` for each item in order, computing up to ``depth`` items ahead.
 
-    ``depth=0`` computes each item when it is asked for. Work runs on one background thread,
-    so results keep their order and an exception surfaces exactly where its item would have.
+    ``depth=0`` computes each item when it is asked for. ``workers`` background threads compute
+    items at once (give ``workers=depth`` on a high-latency store to keep several ranged requests
+    in flight; ``fn`` must then be thread-safe). Results still come out in item order, and an
+    exception surfaces exactly where its item would have. At most ``depth`` results wait beside
+    the one being consumed, which bounds the memory of the window.
     """
     if depth <= 0:
         for item in items:
             yield fn(item)
         return
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamshard-read")
+    pool = ThreadPoolExecutor(max_workers=max(1, min(workers, depth)), thread_name_prefix="streamshard-read")
     pending: deque[Future[R]] = deque()
     iterator = iter(items)
     try:

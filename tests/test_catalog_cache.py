@@ -1,0 +1,174 @@
+"""Catalog cache (reused while files are unchanged, rebuilt when one changes) and the distributed build."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections import Counter
+
+import fsspec
+import numpy as np
+import pytest
+import torch.multiprocessing as mp
+from fsspec.implementations.local import LocalFileSystem
+
+from streamshard.catalog import Catalog
+from streamshard.errors import CatalogError
+from streamshard.testing import faulty_proxy, write_corpus
+
+LAYOUT = [[40, 40], [30], [25, 25], [50], [10], [5, 5, 5], [7], [9]]
+
+
+class FooterCountingFileSystem(LocalFileSystem):
+    """Local files under ``fcount://``, counting ranged reads (footer reads) per file."""
+
+    protocol = "fcount"
+    reads: Counter = Counter()
+    _lock = threading.Lock()
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        path = str(path)
+        return super()._strip_protocol(path[len("fcount://"):] if path.startswith("fcount://") else path)
+
+    def unstrip_protocol(self, name):
+        return f"fcount://{self._strip_protocol(name)}"
+
+    def cat_file(self, path, start=None, end=None, **kwargs):
+        with FooterCountingFileSystem._lock:
+            FooterCountingFileSystem.reads[self._strip_protocol(path)] += 1
+        return super().cat_file(path, start=start, end=end, **kwargs)
+
+
+@pytest.fixture
+def counted(tmp_path):
+    fsspec.register_implementation("fcount", FooterCountingFileSystem, clobber=True)
+    write_corpus(str(tmp_path / "data"), LAYOUT)
+    FooterCountingFileSystem.reads.clear()
+    return f"fcount://{tmp_path / 'data'}", str(tmp_path / "cache")
+
+
+def same_catalog(a: Catalog, b: Catalog) -> bool:
+    return (a.urls == b.urls and a.schema.equals(b.schema) and all(
+        np.array_equal(getattr(a, f), getattr(b, f))
+        for f in ("file_sizes", "rg_file", "rg_index", "rg_rows", "footer_lengths", "rg_ranges")))
+
+
+def test_cache_is_reused_when_nothing_changed(counted):
+    url, cache_dir = counted
+    first = Catalog.build(url, ["id", "input_ids"], cache_dir=cache_dir)
+    assert sum(FooterCountingFileSystem.reads.values()) == len(LAYOUT)
+    FooterCountingFileSystem.reads.clear()
+    second = Catalog.build(url, ["id", "input_ids"], cache_dir=cache_dir)
+    assert not FooterCountingFileSystem.reads, "an unchanged corpus must not read any footer"
+    assert same_catalog(first, second)
+    (cache_file,) = os.listdir(cache_dir)
+    with open(os.path.join(cache_dir, cache_file)) as f:
+        assert json.load(f)["format"] == 1  # plain JSON, nothing executable
+
+
+def test_cache_rereads_only_the_file_that_changed(counted, tmp_path):
+    url, cache_dir = counted
+    Catalog.build(url, ["id"], cache_dir=cache_dir)
+    changed = tmp_path / "data" / "part-00003.parquet"
+    write_corpus(str(tmp_path / "new"), [[11, 12, 13]])
+    os.replace(tmp_path / "new" / "part-00000.parquet", changed)
+    FooterCountingFileSystem.reads.clear()
+    rebuilt = Catalog.build(url, ["id"], cache_dir=cache_dir)
+    assert set(FooterCountingFileSystem.reads) == {str(changed)}
+    assert same_catalog(rebuilt, Catalog.build(url, ["id"]))
+    assert rebuilt.rg_rows[rebuilt.rg_file == 3].tolist() == [11, 12, 13]
+
+
+def test_same_size_rewrite_is_detected_by_mtime(counted, tmp_path):
+    url, cache_dir = counted
+    Catalog.build(url, ["id"], cache_dir=cache_dir)
+    target = tmp_path / "data" / "part-00001.parquet"
+    stat = target.stat()
+    os.utime(target, (stat.st_atime, stat.st_mtime + 10))
+    FooterCountingFileSystem.reads.clear()
+    Catalog.build(url, ["id"], cache_dir=cache_dir)
+    assert set(FooterCountingFileSystem.reads) == {str(target)}
+
+
+def test_a_projection_has_its_own_cache_and_a_corrupt_cache_is_rebuilt(counted):
+    url, cache_dir = counted
+    Catalog.build(url, ["id"], cache_dir=cache_dir)
+    Catalog.build(url, ["label"], cache_dir=cache_dir)
+    assert len(os.listdir(cache_dir)) == 2
+    for name in os.listdir(cache_dir):
+        with open(os.path.join(cache_dir, name), "w") as f:
+            f.write("{not json")
+    FooterCountingFileSystem.reads.clear()
+    catalog = Catalog.build(url, ["id"], cache_dir=cache_dir)
+    assert sum(FooterCountingFileSystem.reads.values()) == len(LAYOUT) and catalog.num_files == len(LAYOUT)
+
+
+def test_s3_cache_is_invalidated_by_the_etag(s3, tmp_path):
+    write_corpus(str(tmp_path / "a"), [[20], [30], [40]])
+    url = s3.upload(str(tmp_path / "a"), "cache-bucket", "c")
+    cache_dir = str(tmp_path / "cache")
+    with faulty_proxy(s3.endpoint_url) as proxy:
+        options = dict(s3.storage_options)
+        options["client_kwargs"] = {**options["client_kwargs"], "endpoint_url": proxy.endpoint_url}
+        Catalog.build(url, ["id"], options, cache_dir=cache_dir)
+        proxy.reset_counts()
+        Catalog.build(url, ["id"], options, cache_dir=cache_dir)
+        assert proxy.count("GET", ".parquet") == 0  # listing only
+        write_corpus(str(tmp_path / "b"), [[20], [30], [40]], seed=9)  # same sizes? maybe; the ETag differs
+        s3.filesystem().put_file(str(tmp_path / "b" / "part-00001.parquet"), f"{url[5:]}/part-00001.parquet")
+        proxy.reset_counts()
+        Catalog.build(url, ["id"], options, cache_dir=cache_dir)
+        assert proxy.count("GET", ".parquet") == 1 and proxy.count("GET", "part-00001") == 1
+
+
+# -- distributed build: two real gloo processes -------------------------------------------------
+
+def _rank_main(rank: int, world: int, init_file: str, url: str, bad_url: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    fsspec.register_implementation("fcount", FooterCountingFileSystem, clobber=True)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        FooterCountingFileSystem.reads.clear()
+        catalog = Catalog.build(url, ["id", "input_ids"])
+        reads = sum(FooterCountingFileSystem.reads.values())
+        try:
+            Catalog.build(bad_url)
+            error = ""
+        except CatalogError as exc:
+            error = str(exc)
+        result = {
+            "reads": reads,
+            "urls": list(catalog.urls),
+            "rows": catalog.rg_rows.tolist(),
+            "ranges": catalog.rg_ranges.tolist(),
+            "footers": catalog.footer_lengths.tolist(),
+            "schema": str(catalog.schema),
+            "error": error,
+        }
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(result, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_distributed_build_splits_footer_reads_and_ranks_agree(tmp_path):
+    write_corpus(str(tmp_path / "data"), LAYOUT)
+    bad = tmp_path / "bad"
+    write_corpus(str(bad), [[5], [5]])
+    (bad / "part-00001.parquet").write_bytes(b"not parquet at all, sorry")
+    out = tmp_path / "out"
+    out.mkdir()
+    url = f"fcount://{tmp_path / 'data'}"
+    mp.spawn(_rank_main, args=(2, str(tmp_path / "init"), url, str(bad), str(out)), nprocs=2, join=True)
+    results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    a, b = results
+    for key in ("urls", "rows", "ranges", "footers", "schema"):
+        assert a[key] == b[key], key
+    assert a["reads"] + b["reads"] == len(LAYOUT)
+    assert {a["reads"], b["reads"]} == {len(LAYOUT) // 2}
+    local = Catalog.build(url, ["id", "input_ids"], distributed=False)
+    assert a["rows"] == local.rg_rows.tolist() and a["ranges"] == local.rg_ranges.tolist()
+    assert "part-00001.parquet" in a["error"] and a["error"] == b["error"]  # both ranks raise, none hangs
