@@ -134,6 +134,9 @@ class ParquetStream(IterableDataset):
             raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
         self._epoch.fill_(int(epoch))
         self.converter  # noqa: B018 - builds the catalog and checks the column types once
+        # pyarrow imports pandas (when installed) on its first pa.array() in a process, ~0.2-0.5 s;
+        # paying it here once lets forked DataLoader workers inherit the import instead of each paying it.
+        pa.array(np.zeros(1, dtype=np.int64))
         self._warn_about_traps()
 
     def _warn_about_traps(self, num_workers: int | None = None) -> None:
