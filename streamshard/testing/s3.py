@@ -17,6 +17,7 @@ class LocalS3:
     """A running local S3 endpoint and the fsspec options that reach it."""
 
     endpoint_url: str
+    pid: int | None = None  # the server process, so benchmarks can account for its CPU time
 
     @property
     def storage_options(self) -> dict[str, Any]:
@@ -57,7 +58,7 @@ def local_s3(startup_timeout: float = 30.0) -> Iterator[LocalS3]:
     )
     try:
         _wait_until_listening(port, server, startup_timeout)
-        yield LocalS3(f"http://127.0.0.1:{port}")
+        yield LocalS3(f"http://127.0.0.1:{port}", server.pid)
     finally:
         server.terminate()
         try:
