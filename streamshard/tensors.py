@@ -224,13 +224,12 @@ def _padded_list_tensor(array: pa.Array, name: str) -> tuple[torch.Tensor, torch
     flat = array.flatten()  # respects slicing and skips the values behind null lists
     if flat.null_count:
         _refuse_inner_nulls(flat, name)
-    values = _to_numpy(_numeric_view(flat, name))
+    values = _numeric_view(flat, name).to_numpy(zero_copy_only=False)  # read once, copied into `padded`
     rows = len(array)
     width = int(lengths.max()) if rows else 0
     padded = np.zeros((rows, width), dtype=values.dtype)
     if values.size:
-        row = np.repeat(np.arange(rows, dtype=np.int64), lengths)
-        starts = np.cumsum(lengths) - lengths
-        col = np.arange(values.size, dtype=np.int64) - np.repeat(starts, lengths)
-        padded[row, col] = values
+        # A boolean mask visits cells in row-major order, the order of the flattened values:
+        # one vectorised pass, several times faster than scattering through (row, col) indices.
+        padded[np.arange(width) < lengths[:, None]] = values
     return torch.from_numpy(padded), torch.from_numpy(lengths)

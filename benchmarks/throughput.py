@@ -1,0 +1,593 @@
+"""Read throughput of ParquetStream against the raw pyarrow decode ceiling of this machine.
+
+One run measures, over the same cached corpus (16 files, uneven row groups, ``id`` int64,
+``input_ids`` list<int32> of 128..1024 random tokens, ``score`` float32):
+
+* raw pyarrow ``ParquetFile.iter_batches`` in 1 process and in 2 processes (half the rows
+  each), three ways: decode only; decode + ``to_numpy`` of the columns (flattened token
+  values, zero copy); decode + the same padded ``[rows, max_len]`` output ParquetStream yields;
+* ``ParquetStream(batch_size=None)`` through ``DataLoader(batch_size=None, num_workers=2)`` on
+  local disk and through moto's S3 server on 127.0.0.1, ``batch_size=1024`` and 1 worker on
+  local disk, and ``num_workers=0`` on local disk (no IPC) to separate the DataLoader hand-off.
+
+Configurations run interleaved, round after round, and the table shows the median of the
+timed rounds (DataLoaders use persistent workers; their first epoch, which forks the workers,
+is reported apart). A stage breakdown (one process, no read-ahead) says where ParquetStream's
+time goes, next to cheaper ways to build the same padded tensor.
+
+    .venv/bin/python benchmarks/throughput.py [--quick] [--repeats 3]
+
+Writes ``benchmarks/out/throughput.json`` (``throughput-quick.json`` with ``--quick``); the
+corpus is cached under ``benchmarks/out/corpus/`` (rewritten when its manifest differs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import json
+import multiprocessing as mp
+import os
+import platform
+import pstats
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from streamshard import tensors as ss_tensors  # noqa: E402
+from streamshard.dataset import ParquetStream  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "out" / "throughput.json"
+CORPUS_ROOT = HERE / "out" / "corpus"
+COLUMNS = ["id", "input_ids", "score"]
+SCHEMA = pa.schema([("id", pa.int64()), ("input_ids", pa.list_(pa.int32())), ("score", pa.float32())])
+VOCAB = 50_000
+MIN_TOKENS, MAX_TOKENS = 128, 1024
+RAW_BATCH_ROWS = 8192
+RAW_MODES = ("decode", "numpy", "padded")
+CORPUS_VERSION = 1
+
+
+# -- corpus ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CorpusSpec:
+    """Shape of the synthetic corpus: row-group sizes vary ~10x across files and row groups."""
+
+    name: str
+    files: int
+    base_rows: int  # smallest possible row group
+    seed: int = 7
+
+    def layout(self) -> list[list[int]]:
+        """Row counts per row group per file (file scale x row-group scale, each 1..~3.2x)."""
+        rng = np.random.default_rng(self.seed)
+        out = []
+        for _ in range(self.files):
+            file_scale = 10 ** rng.uniform(0, 0.5)
+            groups = int(rng.integers(3, 9))
+            out.append([int(self.base_rows * file_scale * 10 ** rng.uniform(0, 0.5)) for _ in range(groups)])
+        return out
+
+
+SPECS = {"full": CorpusSpec("full", 16, 620), "quick": CorpusSpec("quick", 16, 45)}
+
+
+def ensure_corpus(spec: CorpusSpec) -> Path:
+    """The corpus directory, written unless a manifest says it matches ``spec`` already."""
+    directory, manifest = CORPUS_ROOT / spec.name, CORPUS_ROOT / f"{spec.name}.json"
+    wanted = {"version": CORPUS_VERSION, "layout": spec.layout(), "seed": spec.seed}
+    if manifest.exists() and directory.is_dir():
+        have = json.loads(manifest.read_text())
+        files = sorted(directory.glob("*.parquet"))
+        if {k: have.get(k) for k in wanted} == wanted and len(files) == spec.files:
+            return directory
+    print(f"writing corpus {directory} ...", flush=True)
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob("*"):
+        stale.unlink()
+    rng = np.random.default_rng(spec.seed)
+    next_id = 0
+    for f, groups in enumerate(wanted["layout"]):
+        with pq.ParquetWriter(directory / f"part-{f:05d}.parquet", SCHEMA) as writer:
+            for rows in groups:
+                writer.write_table(_random_rows(rng, next_id, rows), row_group_size=rows)
+                next_id += rows
+    manifest.write_text(json.dumps(wanted))
+    return directory
+
+
+def _random_rows(rng: np.random.Generator, first: int, n: int) -> pa.Table:
+    lengths = rng.integers(MIN_TOKENS, MAX_TOKENS + 1, size=n)
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    tokens = rng.integers(0, VOCAB, size=int(offsets[-1]), dtype=np.int32)
+    return pa.table(
+        {
+            "id": np.arange(first, first + n, dtype=np.int64),
+            "input_ids": pa.ListArray.from_arrays(offsets, tokens),
+            "score": rng.random(n, dtype=np.float32),
+        },
+        schema=SCHEMA,
+    )
+
+
+@dataclass(frozen=True)
+class CorpusStats:
+    files: list[str]
+    file_bytes: list[int]
+    file_rows: list[int]
+    rows: int
+    tokens: int
+    row_groups: int
+    rg_rows_min: int
+    rg_rows_max: int
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.file_bytes)
+
+
+def corpus_stats(directory: Path) -> CorpusStats:
+    files = [str(p) for p in sorted(directory.glob("*.parquet"))]
+    rg_rows, file_rows, tokens = [], [], 0
+    for path in files:
+        meta = pq.ParquetFile(path).metadata
+        file_rows.append(meta.num_rows)
+        rg_rows.extend(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
+    for path in files:  # exact token count: sum of list lengths
+        offsets = pq.read_table(path, columns=["input_ids"]).column(0).combine_chunks().offsets
+        tokens += int(offsets[-1].as_py() - offsets[0].as_py())
+    return CorpusStats(
+        files, [os.path.getsize(p) for p in files], file_rows, sum(file_rows), tokens,
+        len(rg_rows), min(rg_rows), max(rg_rows),
+    )
+
+
+def split_by_rows(stats: CorpusStats, parts: int) -> list[list[str]]:
+    """Whole files dealt to ``parts`` processes, largest first to the lightest (balanced by rows)."""
+    groups: list[list[str]] = [[] for _ in range(parts)]
+    load = [0] * parts
+    for rows, path in sorted(zip(stats.file_rows, stats.files), reverse=True):
+        i = load.index(min(load))
+        groups[i].append(path)
+        load[i] += rows
+    return groups
+
+
+# -- raw pyarrow ----------------------------------------------------------------------------
+
+
+def pad_rowwise(offsets: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A zero-padded ``[rows, max_len]`` copy of a list column, one slice copy per row."""
+    lengths = np.diff(offsets)
+    padded = np.zeros((len(lengths), int(lengths.max()) if len(lengths) else 0), dtype=values.dtype)
+    base = int(offsets[0])
+    for row, (a, b) in enumerate(zip((offsets[:-1] - base).tolist(), (offsets[1:] - base).tolist())):
+        padded[row, : b - a] = values[a:b]
+    return padded, lengths
+
+
+def pad_mask(offsets: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The same padded copy through a boolean mask (no int64 index arrays)."""
+    lengths = np.diff(offsets)
+    width = int(lengths.max()) if len(lengths) else 0
+    padded = np.zeros((len(lengths), width), dtype=values.dtype)
+    padded[np.arange(width) < lengths[:, None]] = values  # values start at offsets[0] (flatten)
+    return padded, lengths
+
+
+def pad_rowwise_shared(offsets: np.ndarray, values: np.ndarray) -> torch.Tensor:
+    """The per-row padded copy written straight into a shared-memory tensor (no second copy)."""
+    lengths = np.diff(offsets)
+    out = torch.empty((len(lengths), int(lengths.max()) if len(lengths) else 0), dtype=torch.int32).share_memory_()
+    padded = out.numpy()
+    base = int(offsets[0])
+    for row, (a, b) in enumerate(zip((offsets[:-1] - base).tolist(), (offsets[1:] - base).tolist())):
+        padded[row, : b - a] = values[a:b]
+        padded[row, b - a :] = 0
+    return out
+
+
+def _list_parts(array: pa.ListArray) -> tuple[np.ndarray, np.ndarray]:
+    offsets = array.offsets.to_numpy()
+    return offsets, array.flatten().to_numpy()
+
+
+def raw_pass(paths: list[str], mode: str) -> dict[str, float]:
+    """Read ``paths`` with iter_batches; ``mode`` is "decode", "numpy" or "padded"."""
+    rows = tokens = 0
+    start = time.perf_counter()
+    for path in paths:
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=RAW_BATCH_ROWS, columns=COLUMNS):
+            tokens_array = batch.column(1)
+            rows += batch.num_rows
+            if mode == "decode":
+                offsets = tokens_array.offsets
+                tokens += offsets[-1].as_py() - offsets[0].as_py()
+                continue
+            offsets, values = _list_parts(tokens_array)
+            ids, scores = batch.column(0).to_numpy(), batch.column(2).to_numpy()
+            if mode == "padded":
+                padded, lengths = pad_rowwise(offsets, values)
+                # The tensors a loader would hand over (then dropped, as the other modes drop theirs).
+                torch.from_numpy(padded), torch.from_numpy(lengths), torch.from_numpy(ids.copy()), torch.from_numpy(scores.copy())
+            tokens += int(offsets[-1] - offsets[0])
+    return {"rows": rows, "tokens": tokens, "seconds": time.perf_counter() - start}
+
+
+def _raw_worker(conn: Any) -> None:
+    """Serve ``{"paths", "mode"}`` tasks until an empty message; messages are JSON, not pickles."""
+    torch.set_num_threads(1)
+    while True:
+        message = conn.recv_bytes()
+        if not message:
+            return
+        task = json.loads(message)
+        conn.send_bytes(json.dumps(raw_pass(task["paths"], task["mode"])).encode())
+
+
+class RawPool:
+    """Persistent spawned processes (warm imports), one task each per measurement."""
+
+    def __init__(self, processes: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.pipes, self.procs = [], []
+        for _ in range(processes):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_raw_worker, args=(child,), daemon=True)
+            proc.start()
+            self.pipes.append(parent)
+            self.procs.append(proc)
+
+    def run(self, groups: list[list[str]], mode: str) -> dict[str, float]:
+        start = time.perf_counter()
+        for pipe, paths in zip(self.pipes, groups):
+            pipe.send_bytes(json.dumps({"paths": paths, "mode": mode}).encode())
+        parts = [json.loads(pipe.recv_bytes()) for pipe in self.pipes]
+        seconds = time.perf_counter() - start
+        return {"rows": sum(p["rows"] for p in parts), "tokens": sum(p["tokens"] for p in parts), "seconds": seconds}
+
+    def close(self) -> None:
+        for pipe in self.pipes:
+            pipe.send_bytes(b"")
+        for proc in self.procs:
+            proc.join(timeout=10)
+
+
+# -- ParquetStream --------------------------------------------------------------------------
+
+
+def stream_pass(loader: Any, total_rows: int) -> dict[str, float]:
+    """One epoch through ``loader``, checking every row arrived exactly once (by sample_id sum)."""
+    rows = tokens = id_sum = 0
+    start, cpu = time.perf_counter(), time.process_time()
+    for batch in loader:
+        ids = batch["sample_id"]
+        real = ids >= 0
+        rows += int(real.sum())
+        id_sum += int(ids[real].sum())
+        tokens += int(batch["input_ids_lengths"].sum())
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    if rows != total_rows or id_sum != total_rows * (total_rows - 1) // 2:
+        raise RuntimeError(f"epoch delivered {rows} rows (id sum {id_sum}); expected each of {total_rows} once")
+    return {"rows": rows, "tokens": tokens, "seconds": seconds, "main_cpu_seconds": cpu}
+
+
+def make_loader(paths: str, batch_size: int | None, num_workers: int, options: dict[str, Any] | None) -> Any:
+    ds = ParquetStream(paths, columns=COLUMNS, batch_size=batch_size, storage_options=options)
+    ds.set_epoch(0)  # footers read here, once, in the main process
+    if num_workers == 0:
+        return ds
+    return DataLoader(ds, batch_size=None, num_workers=num_workers, persistent_workers=True)
+
+
+# -- measurement rounds ---------------------------------------------------------------------
+
+
+@dataclass
+class Config:
+    name: str
+    run: Callable[[], dict[str, float]]
+
+
+def run_rounds(configs: list[Config], repeats: int) -> dict[str, dict[str, Any]]:
+    """Every config once per round (round 0 is warm-up), interleaved; keeps all samples."""
+    samples: dict[str, list[dict[str, float]]] = {c.name: [] for c in configs}
+    for r in range(repeats + 1):
+        for config in configs:
+            result = config.run()
+            samples[config.name].append(result)
+            tag = "warm-up" if r == 0 else f"round {r}"
+            print(f"  {tag:8s} {config.name:44s} {result['seconds']:7.2f} s", flush=True)
+    return {name: {"warmup": runs[0], "timed": runs[1:]} for name, runs in samples.items()}
+
+
+def summarise(samples: dict[str, Any], stats: CorpusStats) -> dict[str, dict[str, float]]:
+    out = {}
+    for name, runs in samples.items():
+        seconds = statistics.median(r["seconds"] for r in runs["timed"])
+        rows, tokens = runs["timed"][0]["rows"], runs["timed"][0]["tokens"]
+        out[name] = {
+            "seconds": seconds,
+            "seconds_all": [r["seconds"] for r in runs["timed"]],
+            "first_epoch_seconds": runs["warmup"]["seconds"],
+            "rows_per_s": rows / seconds,
+            "tokens_per_s": tokens / seconds,
+            "parquet_mb_per_s": stats.bytes / 1e6 / seconds,
+        }
+        if "main_cpu_seconds" in runs["timed"][0]:  # CPU the consuming (main) process spent per epoch
+            out[name]["main_cpu_seconds"] = statistics.median(r["main_cpu_seconds"] for r in runs["timed"])
+    return out
+
+
+# -- where the time goes --------------------------------------------------------------------
+
+
+def _timed(fn: Callable[[], Any], into: dict[str, float], key: str) -> Any:
+    start = time.perf_counter()
+    value = fn()
+    into[key] = into.get(key, 0.0) + time.perf_counter() - start
+    return value
+
+
+def stage_breakdown(directory: Path) -> dict[str, float]:
+    """Seconds per stage for one pass over the corpus in this process (no read-ahead, no IPC).
+
+    Runs ParquetStream's own piece reading (``iter_piece_tables``) with a timing reader, then
+    its converter, then the copy into shared memory that a DataLoader worker does per tensor;
+    the convert stage is split further, and cheaper ways to pad the token column run on the
+    same arrays for comparison.
+    """
+    ds = ParquetStream(str(directory), columns=COLUMNS, batch_size=None, read_ahead=0)
+    plan = ds.epoch_plan(0)
+    work = plan.worker_plan(0)
+    catalog, converter = ds.catalog, ds.converter
+    t: dict[str, float] = {}
+    reader = _TimedReader(ds._reader(), t, catalog.urls)
+    tables = ds.iter_piece_tables(plan, work.pieces, reader)
+    try:
+        while True:
+            start = time.perf_counter()
+            table = next(tables, None)
+            if table is None:
+                break
+            t[_PIECE] = t.get(_PIECE, 0.0) + time.perf_counter() - start
+            batch = _timed(lambda: converter(table.drop_columns(["sample_id"])), t, "3 convert to tensors (BatchConverter)")
+            _convert_parts(table, t)
+            _timed(lambda: [v.share_memory_() for v in batch.values()], t, "4 copy into shared memory (worker side of IPC)")
+    finally:
+        reader.close()
+    t["2 slice + sample_id column"] = t.pop(_PIECE) - t[_READ] - t[_NATIVE_READ]
+    return t
+
+
+_PIECE = "piece total"
+_READ = "1 read row group (RowGroupReader)"
+_NATIVE_READ = "1' same read, pyarrow native file (comparison)"
+
+
+class _TimedReader:
+    """Wraps a RowGroupReader, adding the time of each read (and of a native-file read) to ``into``."""
+
+    def __init__(self, reader: Any, into: dict[str, float], urls: Any) -> None:
+        self.reader, self.into, self.urls = reader, into, urls
+
+    def read(self, file_index: int, row_group: int) -> pa.Table:
+        url = self.urls[file_index]
+        _timed(lambda: _native_file(url).read_row_group(row_group, columns=COLUMNS), self.into, _NATIVE_READ)
+        return _timed(lambda: self.reader.read(file_index, row_group), self.into, _READ)
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+_NATIVE: dict[str, pq.ParquetFile] = {}
+
+
+def _native_file(url: str) -> pq.ParquetFile:
+    if url not in _NATIVE:
+        _NATIVE.clear()
+        _NATIVE[url] = pq.ParquetFile(url.removeprefix("file://"))
+    return _NATIVE[url]
+
+
+def _convert_parts(table: pa.Table, t: dict[str, float]) -> None:
+    batch = _timed(lambda: table.drop_columns(["sample_id"]).combine_chunks().to_batches()[0], t, "3a combine_chunks")
+    tokens = batch.column(1)
+    _timed(lambda: ss_tensors._padded_list_tensor(tokens, "input_ids"), t, "3b pad input_ids: current (index scatter)")
+    offsets, values = _list_parts(tokens)
+    _timed(lambda: pad_mask(offsets, values), t, "alt pad input_ids: boolean mask")
+    _timed(lambda: pad_rowwise(offsets, values), t, "alt pad input_ids: per-row slice copy")
+    _timed(lambda: torch.from_numpy(values.copy()), t, "alt flat input_ids + offsets (no padding)")
+    _timed(lambda: pad_rowwise_shared(offsets, values), t, "alt per-row pad written into shared memory (3b+4 for input_ids)")
+    _timed(lambda: torch.from_numpy(values.copy()).share_memory_(), t, "alt flat input_ids copied into shared memory")
+
+
+def profile_worker(directory: Path, files: int = 4) -> list[dict[str, Any]]:
+    """cProfile of ParquetStream iterated in this process over the first ``files`` files."""
+    paths = sorted(str(p) for p in directory.glob("*.parquet"))[:files]
+    ds = ParquetStream(paths, columns=COLUMNS, batch_size=None, read_ahead=0)
+    ds.set_epoch(0)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in ds:
+        pass
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    rows = []
+    for (filename, line, func), (_, calls, tottime, cumtime, _) in stats.stats.items():  # type: ignore[attr-defined]
+        rows.append({"function": f"{Path(filename).name}:{line}({func})", "calls": calls, "tottime": tottime, "cumtime": cumtime})
+    return sorted(rows, key=lambda r: -r["tottime"])[:15]
+
+
+class _Replay(IterableDataset):
+    """Yields fresh copies of a fixed batch: measures the DataLoader hand-off of tensors alone."""
+
+    def __init__(self, template: dict[str, torch.Tensor], count: int) -> None:
+        super().__init__()
+        self.template, self.count = template, count
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        info = torch.utils.data.get_worker_info()
+        share = self.count // (info.num_workers if info else 1)
+        for _ in range(share):
+            yield {k: v.clone() for k, v in self.template.items()}
+
+
+def ipc_cost(directory: Path, repeats: int) -> dict[str, float]:
+    """GB/s of cloning a real batch in-process vs through DataLoader(num_workers=2)."""
+    ds = ParquetStream(str(directory), columns=COLUMNS, batch_size=None, read_ahead=0)
+    template = next(iter(ds))
+    nbytes = sum(v.numel() * v.element_size() for v in template.values())
+    count = max(8, 2 * round(2e8 / nbytes))  # ~400 MB per pass
+    replay = _Replay(template, count)
+    loader = DataLoader(replay, batch_size=None, num_workers=2, persistent_workers=True)
+
+    def clone_only() -> float:
+        start = time.perf_counter()
+        for _ in replay:
+            pass
+        return time.perf_counter() - start
+
+    def through_loader() -> float:
+        start = time.perf_counter()
+        for batch in loader:
+            int(batch["sample_id"][0])
+        return time.perf_counter() - start
+
+    through_loader()  # start the workers
+    clone, loaded = [], []
+    for _ in range(repeats):
+        clone.append(clone_only())
+        loaded.append(through_loader())
+    gb = nbytes * count / 1e9
+    return {
+        "batch_mb": nbytes / 1e6,
+        "batches": count,
+        "clone_in_process_gb_per_s": gb / statistics.median(clone),
+        "clone_plus_dataloader_2_workers_gb_per_s": gb / statistics.median(loaded),
+    }
+
+
+# -- report ---------------------------------------------------------------------------------
+
+
+def print_table(results: dict[str, dict[str, float]], ceiling: str, padded_ceiling: str) -> list[str]:
+    head = (
+        "| configuration | rows/s | Mtokens/s | Parquet MB/s | x raw 2-proc decode+numpy | x raw 2-proc padded "
+        "| median s | first epoch s | main-process CPU s |"
+    )
+    lines = [head, "|" + "---|" * 9]
+    for name, r in results.items():
+        lines.append(
+            f"| {name} | {r['rows_per_s']:,.0f} | {r['tokens_per_s'] / 1e6:.1f} | {r['parquet_mb_per_s']:.0f} | "
+            f"{r['rows_per_s'] / results[ceiling]['rows_per_s']:.2f} | {r['rows_per_s'] / results[padded_ceiling]['rows_per_s']:.2f} | "
+            f"{r['seconds']:.2f} | {r['first_epoch_seconds']:.2f} | {_cpu(r)} |"
+        )
+    print("\n".join(lines))
+    return lines
+
+
+def measure(directory: Path, stats: CorpusStats, spec: CorpusSpec, repeats: int, with_s3: bool) -> dict[str, Any]:
+    """Run every configuration ``repeats`` times (plus a warm-up round), interleaved."""
+    streams: list[tuple[str, str, int | None, int, dict[str, Any] | None]] = [
+        ("ParquetStream local, bs=None, 2 workers", str(directory), None, 2, None),
+        ("ParquetStream local, bs=None, 1 worker", str(directory), None, 1, None),
+        ("ParquetStream local, bs=1024, 2 workers", str(directory), 1024, 2, None),
+        ("ParquetStream local, bs=None, 0 workers (no IPC)", str(directory), None, 0, None),
+    ]
+    with contextlib.ExitStack() as stack:
+        pool = RawPool(2)
+        stack.callback(pool.close)
+        halves = split_by_rows(stats, 2)
+        configs = [Config(f"raw pyarrow 1 proc: {m}", (lambda m=m: raw_pass(stats.files, m))) for m in RAW_MODES]
+        configs += [Config(f"raw pyarrow 2 proc: {m}", (lambda m=m: pool.run(halves, m))) for m in RAW_MODES]
+        if with_s3:
+            from streamshard.testing import local_s3
+
+            s3 = stack.enter_context(local_s3())
+            upload = time.perf_counter()
+            url = s3.upload(str(directory), "bench", spec.name)
+            print(f"uploaded to {url} in {time.perf_counter() - upload:.1f} s", flush=True)
+            streams.append(("ParquetStream S3 (moto), bs=None, 2 workers", url, None, 2, s3.storage_options))
+        for name, paths, bs, workers, options in streams:
+            loader = make_loader(paths, bs, workers, options)
+            configs.append(Config(name, (lambda ld=loader: stream_pass(ld, stats.rows))))
+        return run_rounds(configs, repeats)
+
+
+def diagnose(directory: Path, stats: CorpusStats, repeats: int) -> dict[str, Any]:
+    """Stage breakdown, cProfile of an in-process pass, and the DataLoader hand-off cost."""
+    print("stage breakdown (one process, no read-ahead) ...", flush=True)
+    stages = stage_breakdown(directory)
+    for key, seconds in stages.items():
+        print(f"  {key:66s} {seconds:7.2f} s  ({stats.rows / seconds:,.0f} rows/s)")
+    ipc = ipc_cost(directory, repeats)
+    print(f"IPC: {ipc}")
+    return {"stages_seconds": stages, "profile_top_tottime": profile_worker(directory), "ipc": ipc}
+
+
+def _cpu(result: dict[str, float]) -> str:
+    return f"{result['main_cpu_seconds']:.2f}" if "main_cpu_seconds" in result else "-"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a ~35 MB corpus instead of ~290 MB")
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds (after one warm-up round)")
+    parser.add_argument("--no-s3", action="store_true", help="skip the moto S3 configuration")
+    args = parser.parse_args()
+    load_start = os.getloadavg()
+    wall = time.perf_counter()
+    spec = SPECS["quick" if args.quick else "full"]
+    directory = ensure_corpus(spec)
+    stats = corpus_stats(directory)
+    print(
+        f"corpus {directory}: {len(stats.files)} files, {stats.row_groups} row groups "
+        f"({stats.rg_rows_min}..{stats.rg_rows_max} rows), {stats.rows:,} rows, {stats.tokens:,} tokens, "
+        f"{stats.bytes / 1e6:.0f} MB on disk; load average {load_start}",
+        flush=True,
+    )
+    results = summarise(measure(directory, stats, spec, args.repeats, not args.no_s3), stats)
+    lines = print_table(results, "raw pyarrow 2 proc: numpy", "raw pyarrow 2 proc: padded")
+    diagnosis = diagnose(directory, stats, args.repeats)
+    load_end = os.getloadavg()
+    record = {
+        "command": " ".join(["benchmarks/throughput.py", *sys.argv[1:]]),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "pyarrow": pa.__version__, "torch": torch.__version__},
+        "loadavg_start": load_start,
+        "loadavg_end": load_end,
+        "corpus": {
+            "dir": str(directory), "files": len(stats.files), "row_groups": stats.row_groups, "rows": stats.rows,
+            "tokens": stats.tokens, "bytes": stats.bytes, "rg_rows_min": stats.rg_rows_min, "rg_rows_max": stats.rg_rows_max,
+            "file_rows": stats.file_rows,
+        },
+        "raw_batch_rows": RAW_BATCH_ROWS,
+        "repeats": args.repeats,
+        "results": results,
+        "table": lines,
+        **diagnosis,
+        "wall_seconds": time.perf_counter() - wall,
+    }
+    out = OUT.with_name("throughput-quick.json") if args.quick else OUT  # a quick run never replaces the full one
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2))
+    print(f"wrote {out} ({record['wall_seconds']:.0f} s, load average {load_start} -> {load_end})")
+
+
+if __name__ == "__main__":
+    main()
