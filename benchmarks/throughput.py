@@ -287,8 +287,10 @@ def stream_pass(loader: Any, total_rows: int) -> dict[str, float]:
     return {"rows": rows, "tokens": tokens, "seconds": seconds, "main_cpu_seconds": cpu}
 
 
-def make_loader(paths: str, batch_size: int | None, num_workers: int, options: dict[str, Any] | None) -> Any:
-    ds = ParquetStream(paths, columns=COLUMNS, batch_size=batch_size, storage_options=options)
+def make_loader(
+    paths: str, batch_size: int | None, num_workers: int, options: dict[str, Any] | None, **kwargs: Any
+) -> Any:
+    ds = ParquetStream(paths, columns=COLUMNS, batch_size=batch_size, storage_options=options, **kwargs)
     ds.set_epoch(0)  # footers read here, once, in the main process
     if num_workers == 0:
         return ds
@@ -504,11 +506,13 @@ def print_table(results: dict[str, dict[str, float]], ceiling: str, padded_ceili
 
 def measure(directory: Path, stats: CorpusStats, spec: CorpusSpec, repeats: int, with_s3: bool) -> dict[str, Any]:
     """Run every configuration ``repeats`` times (plus a warm-up round), interleaved."""
-    streams: list[tuple[str, str, int | None, int, dict[str, Any] | None]] = [
-        ("ParquetStream local, bs=None, 2 workers", str(directory), None, 2, None),
-        ("ParquetStream local, bs=None, 1 worker", str(directory), None, 1, None),
-        ("ParquetStream local, bs=1024, 2 workers", str(directory), 1024, 2, None),
-        ("ParquetStream local, bs=None, 0 workers (no IPC)", str(directory), None, 0, None),
+    streams: list[tuple[str, str, int | None, int, dict[str, Any] | None, dict[str, Any]]] = [
+        ("ParquetStream local, bs=None, 2 workers", str(directory), None, 2, None, {}),
+        ("ParquetStream local, bs=None, 1 worker", str(directory), None, 1, None, {}),
+        ("ParquetStream local, bs=1024, 2 workers", str(directory), 1024, 2, None, {}),
+        ("ParquetStream local, bs=None, 2 workers, lists=flat", str(directory), None, 2, None, {"lists": "flat"}),
+        ("ParquetStream local, bs=None, 0 workers (no IPC)", str(directory), None, 0, None, {}),
+        ("ParquetStream local, bs=None, 0 workers, read_ahead=4", str(directory), None, 0, None, {"read_ahead": 4}),
     ]
     with contextlib.ExitStack() as stack:
         pool = RawPool(2)
@@ -523,9 +527,10 @@ def measure(directory: Path, stats: CorpusStats, spec: CorpusSpec, repeats: int,
             upload = time.perf_counter()
             url = s3.upload(str(directory), "bench", spec.name)
             print(f"uploaded to {url} in {time.perf_counter() - upload:.1f} s", flush=True)
-            streams.append(("ParquetStream S3 (moto), bs=None, 2 workers", url, None, 2, s3.storage_options))
-        for name, paths, bs, workers, options in streams:
-            loader = make_loader(paths, bs, workers, options)
+            streams.append(("ParquetStream S3 (moto), bs=None, 2 workers", url, None, 2, s3.storage_options, {}))
+            streams.append(("ParquetStream S3 (moto), bs=None, 0 workers, read_ahead=4", url, None, 0, s3.storage_options, {"read_ahead": 4}))
+        for name, paths, bs, workers, options, kwargs in streams:
+            loader = make_loader(paths, bs, workers, options, **kwargs)
             configs.append(Config(name, (lambda ld=loader: stream_pass(ld, stats.rows))))
         return run_rounds(configs, repeats)
 

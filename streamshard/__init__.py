@@ -9,6 +9,7 @@ from .errors import CatalogError, ConversionError, ReadError, StreamshardError
 from .permutation import Permutation, mix_seed
 from .prefetch import DevicePrefetcher
 from .sampler import ElasticSampler
+from .tensors import pad_lists
 
 __all__ = [
     "ActivationCache",
@@ -29,5 +30,6 @@ __all__ = [
     "blend_length",
     "mix_seed",
     "module_fingerprint",
+    "pad_lists",
 ]
 __version__ = "0.1.0"

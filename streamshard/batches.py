@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Collection, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -29,7 +29,7 @@ def rebatch(tables: Iterator[pa.Table], batch_size: int | None, count: int, conv
             emitted += 1
     if emitted < count and pending is not None and pending.num_rows:
         batch = as_batch(pending, convert)  # the short last batch, topped up with padding rows
-        yield concat(batch, padding_like(batch, batch_size - pending.num_rows))
+        yield concat(batch, padding_like(batch, batch_size - pending.num_rows, convert.ragged_keys))
 
 
 def as_batch(table: pa.Table, convert: BatchConverter) -> Batch:
@@ -42,11 +42,16 @@ def with_ids(batch: Batch, ids: np.ndarray) -> Batch:
     return batch
 
 
-def padding_like(batch: Batch, rows: int) -> Batch:
-    """``rows`` padding rows shaped like ``batch``: zeros, False, None, and sample_id -1."""
+def padding_like(batch: Batch, rows: int, ragged: Collection[str] = ()) -> Batch:
+    """``rows`` padding rows shaped like ``batch``: zeros, False, None, and sample_id -1.
+
+    ``ragged`` keys hold all rows' values end to end; padding rows (length 0) add none.
+    """
     out: Batch = {}
     for key, value in batch.items():
-        if isinstance(value, torch.Tensor):
+        if key in ragged:
+            out[key] = value.new_zeros((0,) + tuple(value.shape[1:]))
+        elif isinstance(value, torch.Tensor):
             out[key] = value.new_zeros((rows,) + tuple(value.shape[1:]))
         else:
             out[key] = [None] * rows

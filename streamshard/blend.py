@@ -409,7 +409,7 @@ class BlendedStream(IterableDataset):
             if padding > 0:
                 template = batch if batch is not None else self._template(plan)
                 for _ in range(padding):
-                    yield from self._deliver(_blend_padding(template, self.batch_size), count)
+                    yield from self._deliver(_blend_padding(template, self.batch_size, self.datasets[0].converter.ragged_keys), count)
         finally:
             for source in sources.values():
                 source.close()
@@ -434,7 +434,9 @@ class BlendedStream(IterableDataset):
         batch = as_batch(table, self.datasets[0].converter)
         batch[CORPUS] = torch.from_numpy(corpus.astype(np.int64, copy=True))
         rows = len(corpus)
-        return batch if rows == self.batch_size else concat(batch, _blend_padding(batch, self.batch_size - rows))
+        if rows == self.batch_size:
+            return batch
+        return concat(batch, _blend_padding(batch, self.batch_size - rows, self.datasets[0].converter.ragged_keys))
 
     def _template(self, plan: BlendPlan) -> Batch:
         """A real-shaped batch for a worker with no rows (more workers than samples)."""
@@ -492,7 +494,7 @@ def _check_weight_names(weights: Any, names: tuple[str, ...]) -> np.ndarray:
     return np.asarray(vector, dtype=np.float64)
 
 
-def _blend_padding(batch: Batch, rows: int) -> Batch:
-    pad = padding_like(batch, rows)
+def _blend_padding(batch: Batch, rows: int, ragged: frozenset[str] = frozenset()) -> Batch:
+    pad = padding_like(batch, rows, ragged)
     pad[CORPUS] = torch.full((rows,), -1, dtype=torch.int64)
     return pad

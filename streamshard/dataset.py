@@ -26,7 +26,7 @@ from .errors import ReadError
 from .elastic import STATE_VERSION, Segment, resume_plan, worker_batches_delivered
 from .plan import EpochPlan, Layout, PlanConfig, Pieces, WorkerPlan, interleave_index, skip_rows
 from .reader import RowGroupReader, read_ahead
-from .tensors import Batch, BatchConverter
+from .tensors import LIST_FORMATS, Batch, BatchConverter
 from .topology import Topology, _from_torch_distributed, current_worker, resolve_rank_world
 
 log = logging.getLogger("streamshard")
@@ -65,6 +65,9 @@ class ParquetStream(IterableDataset):
             (``batch_size * W``) and ``num_workers``. Needs an int ``batch_size``.
         catalog_cache: a directory where the catalog is cached (JSON); files whose size and
             ETag/mtime are unchanged are not read again. None: no cache.
+        lists: "padded" (variable-length list columns as 2-D tensors + lengths) or "flat"
+            (1-D values of all rows + lengths; ``ss.pad_lists`` pads them later, e.g. on the
+            GPU: fewer bytes between DataLoader workers and the main process).
     """
 
     def __init__(
@@ -84,6 +87,7 @@ class ParquetStream(IterableDataset):
         shuffle_window: int = 1,
         partitions: int | None = None,
         catalog_cache: str | None = None,
+        lists: str = "padded",
     ) -> None:
         super().__init__()
         if isinstance(paths, (list, tuple)):
@@ -116,6 +120,9 @@ class ParquetStream(IterableDataset):
         self.transform = transform
         self.read_ahead = read_ahead
         self.catalog_cache = catalog_cache
+        if lists not in LIST_FORMATS:
+            raise ValueError(f"lists must be one of {LIST_FORMATS}, got {lists!r}")
+        self.lists = lists
         self._catalog: Catalog | None = None
         self._converter: BatchConverter | None = None  # derived from the catalog; not pickled
         # Shared memory, so set_epoch reaches persistent DataLoader workers too.
@@ -187,7 +194,7 @@ class ParquetStream(IterableDataset):
         """The files and row groups, read from the footers on first access (then kept)."""
         if self._catalog is None:
             catalog = Catalog.build(self.paths, self.columns, self.storage_options, cache_dir=self.catalog_cache)
-            self._converter = BatchConverter(catalog.schema, source=catalog.urls[0])
+            self._converter = BatchConverter(catalog.schema, source=catalog.urls[0], lists=self.lists)
             self._catalog = catalog
         return self._catalog
 
@@ -195,7 +202,7 @@ class ParquetStream(IterableDataset):
     def converter(self) -> BatchConverter:
         """How this dataset's columns become tensors (checked against the schema on first use)."""
         if self._converter is None:
-            self._converter = BatchConverter(self.catalog.schema, source=self.catalog.urls[0])
+            self._converter = BatchConverter(self.catalog.schema, source=self.catalog.urls[0], lists=self.lists)
         return self._converter
 
     def __getstate__(self) -> dict[str, Any]:
@@ -373,7 +380,7 @@ class ParquetStream(IterableDataset):
                     yield last
             if padding > 0:
                 template = last if last is not None else self._template_batch(reader, plan)
-                pad = padding_like(template, len(template[SAMPLE_ID]))
+                pad = padding_like(template, len(template[SAMPLE_ID]), self.converter.ragged_keys)
                 for _ in range(padding):
                     progress["delivered"] += 1
                     yield clone(pad)
@@ -433,13 +440,13 @@ class ParquetStream(IterableDataset):
             for i, table in zip(range(first, real), read_ahead(build, range(first, real), self.read_ahead)):
                 last = as_batch(table, self.converter)
                 if table.num_rows < bs:
-                    last = concat(last, padding_like(last, bs - table.num_rows))
+                    last = concat(last, padding_like(last, bs - table.num_rows, self.converter.ragged_keys))
                 if i >= skip:
                     progress["delivered"] += 1
                     yield last
             if plan.steps > max(real, skip):
                 template = last if last is not None else self._template_batch(reader, plan.stream)
-                pad = padding_like(template, bs)
+                pad = padding_like(template, bs, self.converter.ragged_keys)
                 for _ in range(plan.steps - max(real, skip)):
                     progress["delivered"] += 1
                     yield clone(pad)
@@ -522,5 +529,5 @@ class ParquetStream(IterableDataset):
         table = reader.read(int(catalog.rg_file[rg]), int(catalog.rg_index[rg])).slice(0, rows)
         batch = with_ids(converter(table), np.full(table.num_rows, -1, dtype=np.int64))
         if table.num_rows < rows:
-            batch = concat(batch, padding_like(batch, rows - table.num_rows))
+            batch = concat(batch, padding_like(batch, rows - table.num_rows, self.converter.ragged_keys))
         return batch

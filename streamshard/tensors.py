@@ -7,7 +7,8 @@
 | timestamp, date64, time64, duration           | 1-D int64 in the column's unit since the epoch            |
 | date32, time32                                | 1-D int32                                                |
 | dictionary<numeric>                           | decoded, then as its value type                          |
-| list / large_list<numeric>                    | 2-D tensor padded with 0 + ``<name>_lengths`` (int64)     |
+| list / large_list<numeric>                    | 2-D tensor padded with 0 + ``<name>_lengths`` (int64);    |
+|                                              | with ``lists="flat"``: 1-D values of all rows + lengths   |
 | fixed_size_list<numeric>[k]                   | 2-D tensor ``[rows, k]``                                 |
 | struct                                        | one entry per field, named ``<name>.<field>``, recursively |
 | string, binary (also large/dictionary/lists)  | Python list, ``None`` for nulls                          |
@@ -65,17 +66,33 @@ class _Column:
     path: tuple[str, ...]  # how to reach the array from the table (struct fields)
     keys: tuple[str, ...]  # the batch entries this column produces
     convert: Callable[[pa.Array], dict[str, Any]]
+    ragged: bool = False  # keys[0] holds all rows' values end to end
+
+
+LIST_FORMATS = ("padded", "flat")
 
 
 class BatchConverter:
     """Turns Arrow tables of one schema into ``dict[str, tensor | list]`` batches."""
 
-    def __init__(self, schema: pa.Schema, source: str = "") -> None:
-        """Check every column once; ``source`` (a file URL) is named in errors."""
+    def __init__(self, schema: pa.Schema, source: str = "", lists: str = "padded") -> None:
+        """Check every column once; ``source`` (a file URL) is named in errors.
+
+        ``lists="flat"`` gives variable-length list columns as 1-D values plus lengths (no
+        padding: fewer bytes to move between processes); ``pad_lists`` pads them later,
+        on any device.
+        """
+        if lists not in LIST_FORMATS:
+            raise ValueError(f"lists must be one of {LIST_FORMATS}, got {lists!r}")
         self.schema = schema
         self._columns: list[_Column] = []
         for field in schema:
-            self._columns.extend(_plan_field(field, (field.name,), source))
+            self._columns.extend(_plan_field(field, (field.name,), source, lists == "flat"))
+
+    @property
+    def ragged_keys(self) -> frozenset[str]:
+        """Keys whose tensors hold the values of all rows end to end (not one entry per row)."""
+        return frozenset(c.keys[0] for c in self._columns if c.ragged)
 
     @property
     def keys(self) -> list[str]:
@@ -94,13 +111,13 @@ class BatchConverter:
         return out
 
 
-def _plan_field(field: pa.Field, path: tuple[str, ...], source: str) -> list[_Column]:
+def _plan_field(field: pa.Field, path: tuple[str, ...], source: str, flat: bool = False) -> list[_Column]:
     name, t, nullable = ".".join(path), field.type, field.nullable
     mask = (f"{name}_mask",) if nullable else ()
     if pa.types.is_struct(t):
         out = []
         for child in t:
-            out.extend(_plan_field(child.with_nullable(child.nullable or nullable), path + (child.name,), source))
+            out.extend(_plan_field(child.with_nullable(child.nullable or nullable), path + (child.name,), source, flat))
         return out
     decode = pa.types.is_dictionary(t)
     value_type = t.value_type if decode else t
@@ -115,7 +132,7 @@ def _plan_field(field: pa.Field, path: tuple[str, ...], source: str) -> list[_Co
             _refuse_inexact(item, name, source)
             fixed = pa.types.is_fixed_size_list(t)
             keys = (name,) + (() if fixed else (f"{name}_lengths",)) + mask
-            return [_Column(path, keys, _list_converter(name, nullable, fixed))]
+            return [_Column(path, keys, _list_converter(name, nullable, fixed, flat), ragged=flat and not fixed)]
         if _is_text(item):
             return [_Column(path, (name,) + mask, _python_converter(name, nullable, False))]
     raise ConversionError(
@@ -180,13 +197,16 @@ def _python_converter(name: str, nullable: bool, decode: bool) -> Callable[[pa.A
     return convert
 
 
-def _list_converter(name: str, nullable: bool, fixed: bool) -> Callable[[pa.Array], dict[str, Any]]:
+def _list_converter(name: str, nullable: bool, fixed: bool, flat: bool = False) -> Callable[[pa.Array], dict[str, Any]]:
     def convert(array: pa.Array) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if nullable:
             out[f"{name}_mask"] = _mask(array)
         if fixed:
             out[name] = _fixed_list_tensor(array, name)
+        elif flat:
+            values, lengths = _list_values(array, name)
+            out[name], out[f"{name}_lengths"] = torch.from_numpy(np.array(values, copy=True)), torch.from_numpy(lengths)
         else:
             out[name], out[f"{name}_lengths"] = _padded_list_tensor(array, name)
         return out
@@ -216,7 +236,8 @@ def _fixed_list_tensor(array: pa.FixedSizeListArray, name: str) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
-def _padded_list_tensor(array: pa.Array, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _list_values(array: pa.Array, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """All rows' values end to end (read-only view where possible) and each row's length."""
     offsets = array.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
     lengths = np.diff(offsets)
     if array.null_count:
@@ -224,7 +245,11 @@ def _padded_list_tensor(array: pa.Array, name: str) -> tuple[torch.Tensor, torch
     flat = array.flatten()  # respects slicing and skips the values behind null lists
     if flat.null_count:
         _refuse_inner_nulls(flat, name)
-    values = _numeric_view(flat, name).to_numpy(zero_copy_only=False)  # read once, copied into `padded`
+    return _numeric_view(flat, name).to_numpy(zero_copy_only=False), lengths
+
+
+def _padded_list_tensor(array: pa.Array, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    values, lengths = _list_values(array, name)
     rows = len(array)
     width = int(lengths.max()) if rows else 0
     padded = np.zeros((rows, width), dtype=values.dtype)
@@ -233,3 +258,18 @@ def _padded_list_tensor(array: pa.Array, name: str) -> tuple[torch.Tensor, torch
         # one vectorised pass, several times faster than scattering through (row, col) indices.
         padded[np.arange(width) < lengths[:, None]] = values
     return torch.from_numpy(padded), torch.from_numpy(lengths)
+
+
+def pad_lists(values: torch.Tensor, lengths: torch.Tensor, width: int | None = None, value: float = 0) -> torch.Tensor:
+    """Pad a flat list column (``lists="flat"``) to ``[rows, width]`` on the tensors' own device.
+
+    ``width`` defaults to the longest row; rows longer than ``width`` are an error.
+    """
+    lengths = lengths.to(values.device)
+    longest = int(lengths.max()) if lengths.numel() else 0
+    width = longest if width is None else width
+    if longest > width:
+        raise ValueError(f"a row has {longest} values, more than width={width}")
+    out = values.new_full((lengths.numel(), width), value)
+    out[torch.arange(width, device=values.device) < lengths[:, None]] = values
+    return out

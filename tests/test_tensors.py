@@ -154,3 +154,27 @@ def test_sliced_and_shuffled_rows_keep_lists_aligned(tmp_path):
             if sid >= 0:
                 n = int(batch["v_lengths"][row])
                 assert n == sid % 5 and batch["v"][row, :n].tolist() == [sid] * n
+
+
+@pytest.mark.parametrize("batch_size", [None, 7])
+def test_flat_lists_hold_the_same_rows_as_padded_ones(tmp_path, batch_size):
+    values = [[i] * (i % 6) for i in range(50)]
+    pq.write_table(pa.table({"v": pa.array(values, pa.list_(pa.int32()))}), tmp_path / "a.parquet", row_group_size=16)
+    common = dict(batch_size=batch_size, shuffle=True, seed=2, rank=1, world_size=2)
+    padded = list(ss.ParquetStream(str(tmp_path), **common))
+    flat = list(ss.ParquetStream(str(tmp_path), lists="flat", **common))
+    assert len(padded) == len(flat)
+    for p, f in zip(padded, flat):
+        assert f["v"].dim() == 1 and int(f["v_lengths"].sum()) == f["v"].numel()
+        assert torch.equal(f["v_lengths"], p["v_lengths"])
+        assert torch.equal(ss.pad_lists(f["v"], f["v_lengths"], width=p["v"].shape[1]), p["v"])
+    assert any((b["sample_id"] < 0).any() for b in flat) == any((b["sample_id"] < 0).any() for b in padded)
+
+
+def test_pad_lists_checks_width_and_pads_with_a_value():
+    values, lengths = torch.tensor([1, 2, 3]), torch.tensor([2, 0, 1])
+    assert ss.pad_lists(values, lengths, value=-1).tolist() == [[1, 2], [-1, -1], [3, -1]]
+    with pytest.raises(ValueError, match="width=1"):
+        ss.pad_lists(values, lengths, width=1)
+    with pytest.raises(ValueError, match="lists"):
+        ss.ParquetStream("x.parquet", lists="ragged", rank=0, world_size=1)
