@@ -16,3 +16,19 @@ def test_example_runs(name):
     done = subprocess.run([sys.executable, str(EXAMPLES / name)], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert done.stdout.strip()
+
+
+def test_a_main_process_pass_exits_cleanly(tmp_path):
+    """pyarrow reading through Python file objects can abort at exit once torch is imported
+    (apache/arrow#34314); a pass in the main process must end with exit code 0."""
+    script = (
+        "import streamshard as ss\n"
+        "from streamshard.testing import write_corpus\n"
+        f"write_corpus({str(tmp_path)!r}, [[40, 30], [25]])\n"
+        f"ds = ss.ParquetStream({str(tmp_path)!r}, shuffle=True, rank=0, world_size=1)\n"
+        "print(sum(len(b['sample_id']) for b in ds))\n"
+    )
+    for _ in range(3):
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip() == "95"
