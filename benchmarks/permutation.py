@@ -5,7 +5,7 @@ Run from the repository root:
     .venv/bin/python benchmarks/permutation.py
 
 Prints two tables, writes ``benchmarks/out/permutation.json`` and the markdown section
-``benchmarks/results/permutation.md``. Single-threaded numpy throughout, so this is one core.
+``benchmarks/out/permutation.md`` (recorded in ``benchmarks/RESULTS.md``). Single-threaded numpy throughout, so this is one core.
 """
 
 from __future__ import annotations
@@ -293,8 +293,8 @@ def main() -> None:
     out = ROOT / "benchmarks" / "out" / "permutation.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"command": COMMAND, "throughput": throughput, "quality": quality}, indent=2))
-    write_markdown(throughput, quality, ROOT / "benchmarks" / "results" / "permutation.md")
-    print(f"\nwrote {out.relative_to(ROOT)} and benchmarks/results/permutation.md")
+    write_markdown(throughput, quality, ROOT / "benchmarks" / "out" / "permutation.md")
+    print(f"\nwrote {out.relative_to(ROOT)} and benchmarks/out/permutation.md (the section recorded in benchmarks/RESULTS.md)")
 
 
 if __name__ == "__main__":

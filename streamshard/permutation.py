@@ -25,7 +25,7 @@ Design (why it is a bijection for every ``n``):
   :func:`mix_seed` over (seed, n) feeding a splitmix64 stream, so every size and seed gets
   unrelated keys.
 * Rounds: 6 for domains of 2**10 and up (4 rounds leave a measurable XOR-differential bias between
-  inputs that differ in the high half; 6 do not, see ``benchmarks/results/permutation.md``),
+  inputs that differ in the high half; 6 do not, see ``benchmarks/RESULTS.md``),
   rising by 3 per bit below that to 29 at 2**2, because a half with few values mixes little per
   round (n = 5 needs about 16 rounds before its 120 orders are equally likely over seeds); small
   domains mean small arrays, so the extra rounds cost microseconds.
