@@ -27,10 +27,9 @@ from .elastic import STATE_VERSION, Segment, resume_plan, worker_batches_deliver
 from .plan import EpochPlan, Layout, PlanConfig, Pieces, WorkerPlan, interleave_index, skip_rows
 from .reader import RowGroupReader, read_ahead
 from .tensors import LIST_FORMATS, Batch, BatchConverter
-from .topology import Topology, _from_torch_distributed, current_worker, resolve_rank_world
+from .topology import Topology, distributed_rank_world, current_worker, resolve_rank_world
 
 log = logging.getLogger("streamshard")
-
 
 
 class ParquetStream(IterableDataset):
@@ -149,7 +148,7 @@ class ParquetStream(IterableDataset):
     def _warn_about_traps(self, num_workers: int | None = None) -> None:
         """Warn (once each) about set-ups that work here but fail or waste time elsewhere."""
         if not self._topology_given:
-            dist_rank, dist_world = _from_torch_distributed()
+            dist_rank, dist_world = distributed_rank_world()
             if dist_world is not None and (dist_rank, dist_world) != (self.rank, self.world_size):
                 self._warn_once(
                     "topology",
@@ -271,6 +270,11 @@ class ParquetStream(IterableDataset):
         self._progress = None
         self._epoch.fill_(int(state["epoch"]))
 
+    @property
+    def _active_resume(self) -> dict[str, Any] | None:
+        """The loaded state, if it belongs to the current epoch (a state applies to its epoch only)."""
+        return self._resume if self._resume and self._resume["epoch"] == self.epoch else None
+
     def _state_header(self, history: list[Segment]) -> dict[str, Any]:
         return {
             "version": STATE_VERSION,
@@ -290,7 +294,7 @@ class ParquetStream(IterableDataset):
 
     def _resumed_history(self, num_workers: int) -> tuple[list[Segment], int]:
         """Segments completed before this topology, and batches per rank already consumed in it."""
-        state = self._resume if self._resume and self._resume["epoch"] == self.epoch else None
+        state = self._active_resume
         if state is None:
             return [], 0
         history = [Segment.from_json(s) for s in state["history"]]
@@ -304,7 +308,7 @@ class ParquetStream(IterableDataset):
     def _resolve(self, worker_id: int, num_workers: int) -> tuple[EpochPlan, list[Segment], int, int, int]:
         """(plan, completed history, role, batches this role already delivered, rank batches before)."""
         history, before = self._resumed_history(num_workers)
-        state = self._resume if self._resume and self._resume["epoch"] == self.epoch else None
+        state = self._active_resume
         if state is not None and state["kind"] == "worker":
             if (state["world_size"], state["num_workers"], state["rank"]) != (self.world_size, num_workers, self.rank):
                 raise ValueError(
@@ -397,7 +401,7 @@ class ParquetStream(IterableDataset):
 
     def _iter_canonical(self, worker_id: int, num_workers: int) -> Iterator[Batch]:
         plan = self.canonical_plan(num_workers)
-        state = self._resume if self._resume and self._resume["epoch"] == self.epoch else None
+        state = self._active_resume
         history = [Segment.from_json(s) for s in state["history"]] if state else []
         if state is not None and state["kind"] == "worker":
             role, skip = int(state["role"]), int(state["batches"])

@@ -51,7 +51,7 @@ class Topology:
 
 def resolve_rank_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
     """Return ``(rank, world_size)``: explicit values win, then torch.distributed, then env vars."""
-    dist_rank, dist_world = _from_torch_distributed()
+    dist_rank, dist_world = distributed_rank_world()
     env_rank, env_world = _from_environment()
     if world_size is None:
         world_size = dist_world if dist_world is not None else (env_world or 1)
@@ -74,7 +74,8 @@ def current_worker() -> tuple[int, int]:
     return info.id, info.num_workers
 
 
-def _from_torch_distributed() -> tuple[int | None, int | None]:
+def distributed_rank_world() -> tuple[int | None, int | None]:
+    """``(rank, world_size)`` of an initialised torch.distributed process group, else ``(None, None)``."""
     try:
         import torch.distributed as dist
     except ImportError:  # torch built without distributed support
