@@ -1,0 +1,218 @@
+"""``streamshard inspect``: files, row groups, bytes and schema -> tensors of a corpus, with warnings.
+
+Everything comes from the Parquet footers (one ranged read per file, in parallel); no data pages
+are read. Schema drift is reported as a warning here, where every other command refuses it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from .catalog import Catalog, list_files, read_footer
+from .errors import CatalogError, ConversionError
+from .storage import FileSystems
+from .tensors import BatchConverter
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class _FileBytes:
+    """Byte sizes of one file's row groups from its footer (projected columns only)."""
+
+    compressed: np.ndarray  # per row group
+    uncompressed: np.ndarray  # per row group: the decoded-size estimate
+    column_compressed: dict[str, int]  # per top-level column, whole file
+
+
+def run_inspect(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
+    """Read every footer; describe files, row groups, bytes and schema; collect warnings."""
+    filesystems = FileSystems(args.storage_options)
+    files = list_files(args.urls, filesystems)
+
+    def one(item: tuple[str, int]) -> tuple[Any, _FileBytes]:
+        url, size = item
+        footer = read_footer(url, size, args.columns, filesystems)
+        return footer, _file_bytes(footer, filesystems, args.columns)
+
+    with ThreadPoolExecutor(max_workers=min(32, len(files))) as pool:
+        read = list(pool.map(one, files))
+    footers = [footer for footer, _ in read]
+    warnings: list[dict[str, str]] = []
+    try:
+        schema = Catalog.from_footers(footers).schema
+    except CatalogError as exc:  # schema drift: inspect reports it, every other command refuses
+        warnings.append({"kind": "schema_drift", "message": str(exc)})
+        schema = footers[0].schema
+    rg_rows = np.concatenate([f.row_group_rows for f in footers]).astype(np.int64)
+    comp = np.concatenate([b.compressed for _, b in read]).astype(np.int64)
+    uncomp = np.concatenate([b.uncompressed for _, b in read]).astype(np.int64)
+    report = {
+        "files": len(files),
+        "row_groups": int(len(rg_rows)),
+        "rows": int(rg_rows.sum()),
+        "file_bytes": int(sum(size for _, size in files)),
+        "compressed_bytes": int(comp.sum()),
+        "uncompressed_bytes": int(uncomp.sum()),
+        "row_group_rows": spread(rg_rows),
+        "row_group_compressed_bytes": spread(comp),
+        "row_group_uncompressed_bytes": spread(uncomp),
+        "file_list": [
+            {"url": f.url, "size": f.size, "row_groups": len(f.row_group_rows), "rows": int(f.row_group_rows.sum()),
+             "compressed_bytes": int(b.compressed.sum())}
+            for f, b in read
+        ],
+        "columns": _describe_columns(schema, footers[0].url, read),
+        "warnings": warnings,
+    }
+    warnings.extend(_inspect_warnings(args, report, rg_rows, uncomp, [len(f.row_group_rows) for f in footers], footers))
+    return report
+
+
+def _file_bytes(footer: Any, filesystems: FileSystems, columns: list[str] | None) -> _FileBytes:
+    """Compressed and uncompressed bytes per row group from one file's footer (one ranged read)."""
+    fs, path = filesystems.resolve(footer.url)
+    start = footer.size - footer.footer_length - 8 if footer.footer_length else max(footer.size - 1024 * 1024, 0)
+    try:
+        tail = fs.cat_file(path, start=start, end=footer.size)
+        meta = pq.read_metadata(pa.BufferReader(tail))
+    except Exception as exc:  # noqa: BLE001 - read_footer has already vetted the file; report anything else
+        raise CatalogError(f"{footer.url}: cannot read the footer: {type(exc).__name__}: {exc}") from exc
+    wanted = set(columns) if columns is not None else None
+    comp = np.zeros(meta.num_row_groups, dtype=np.int64)
+    uncomp = np.zeros(meta.num_row_groups, dtype=np.int64)
+    per_column: dict[str, int] = {}
+    for r in range(meta.num_row_groups):
+        group = meta.row_group(r)
+        for c in range(group.num_columns):
+            chunk = group.column(c)
+            top = chunk.path_in_schema.split(".")[0]
+            if wanted is not None and top not in wanted:
+                continue
+            comp[r] += chunk.total_compressed_size
+            uncomp[r] += chunk.total_uncompressed_size
+            per_column[top] = per_column.get(top, 0) + chunk.total_compressed_size
+    return _FileBytes(comp, uncomp, per_column)
+
+
+def spread(values: np.ndarray) -> dict[str, float]:
+    """``{min, median, max}`` of ``values`` (zeros when empty); ``plan`` reports balance in the same shape."""
+    if len(values) == 0:
+        return {"min": 0, "median": 0, "max": 0}
+    return {"min": int(values.min()), "median": float(np.median(values)), "max": int(values.max())}
+
+
+def _describe_columns(schema: pa.Schema, source: str, read: list[tuple[Any, _FileBytes]]) -> list[dict[str, Any]]:
+    """What each column becomes in a batch (keys, dtypes, shapes), or why it cannot."""
+    out = []
+    for field in schema:
+        entry: dict[str, Any] = {
+            "name": field.name,
+            "type": str(field.type),
+            "nullable": field.nullable,
+            "compressed_bytes": int(sum(b.column_compressed.get(field.name, 0) for _, b in read)),
+        }
+        try:
+            converter = BatchConverter(pa.schema([field]), source=source)
+            empty = converter(pa.Table.from_batches([], schema=pa.schema([field])))
+            entry["tensors"] = [_describe_value(key, empty.get(key)) for key in converter.keys]
+            entry["supported"], entry["error"] = True, None
+        except ConversionError as exc:
+            entry["tensors"], entry["supported"], entry["error"] = [], False, str(exc)
+        out.append(entry)
+    return out
+
+
+def _describe_value(key: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, torch.Tensor):
+        shape = ["rows"] + (["max_len" if value.shape[1] == 0 else int(value.shape[1])] if value.dim() == 2 else [])
+        return {"key": key, "kind": "tensor", "dtype": str(value.dtype).replace("torch.", ""), "shape": shape}
+    return {"key": key, "kind": "list", "dtype": "python", "shape": ["rows"]}
+
+
+def _inspect_warnings(
+    args: argparse.Namespace,
+    report: dict[str, Any],
+    rg_rows: np.ndarray,
+    uncomp: np.ndarray,
+    rgs_per_file: list[int],
+    footers: list[Any],
+) -> list[dict[str, str]]:
+    warnings = []
+    budget = int(args.memory_budget * MIB)
+    big = np.flatnonzero(uncomp > budget)
+    if len(big):
+        warnings.append({"kind": "memory_budget", "message": (
+            f"{len(big)} row group(s) exceed the {args.memory_budget:g} MiB decoded budget "
+            f"(largest {_human(int(uncomp.max()))}); a worker holds up to 1 + read_ahead (default 2) of them at once; "
+            "rewrite with smaller row groups or project fewer --columns")})
+    unsupported = [c["name"] for c in report["columns"] if not c["supported"]]
+    if unsupported:
+        warnings.append({"kind": "unsupported_columns", "message": (
+            f"{len(unsupported)} column(s) have no tensor conversion: {', '.join(unsupported)}; "
+            "leave them out with --columns (columns= in ParquetStream)")})
+    empty_files = [f.url for f, n in zip(footers, rgs_per_file) if n == 0 or int(f.row_group_rows.sum()) == 0]
+    if empty_files:
+        warnings.append({"kind": "empty_files", "message": f"{len(empty_files)} file(s) have no rows, e.g. {empty_files[0]}"})
+    if args.world_size is not None or args.num_workers is not None:
+        workers = (args.world_size or 1) * max(args.num_workers or 0, 1)
+        files_with_rows = sum(1 for f in footers if int(f.row_group_rows.sum()) > 0)
+        units = int((rg_rows > 0).sum()) if args.unit == "row_group" else files_with_rows
+        if units < workers:
+            warnings.append({"kind": "too_few_units", "message": (
+                f"{units} non-empty {args.unit.replace('_', ' ')}(s) for {workers} global workers: workers "
+                "split units and each decodes a whole row group to keep its slice, and with batch_size=None "
+                "most workers yield padding; write smaller row groups or use fewer workers")})
+    return warnings
+
+
+def render_inspect(r: dict[str, Any], args: argparse.Namespace) -> str:
+    """The ``inspect`` report ``r`` as text for a terminal (``--json`` prints ``r`` itself)."""
+    lines = [
+        f"files        {r['files']:,}  ({_human(r['file_bytes'])} on storage)",
+        f"row groups   {r['row_groups']:,}",
+        f"rows         {r['rows']:,}",
+        f"compressed   {_human(r['compressed_bytes'])}   decoded estimate {_human(r['uncompressed_bytes'])}"
+        "  (projected columns)",
+        "",
+        "row groups        min       median          max",
+        _spread_line("rows", r["row_group_rows"], lambda v: f"{v:,.0f}"),
+        _spread_line("compressed", r["row_group_compressed_bytes"], _human),
+        _spread_line("decoded", r["row_group_uncompressed_bytes"], _human),
+        "",
+        "columns -> batch entries",
+    ]
+    for c in r["columns"]:
+        head = f"  {c['name']}: {c['type']}{' (nullable)' if c['nullable'] else ''}, {_human(c['compressed_bytes'])}"
+        if c["supported"]:
+            parts = [f"{t['key']} {t['dtype']}[{', '.join(map(str, t['shape']))}]" if t["kind"] == "tensor"
+                     else f"{t['key']} list[python]" for t in c["tensors"]]
+            lines.append(f"{head} -> {'; '.join(parts)}")
+        else:
+            lines.append(f"{head} -> UNSUPPORTED: {c['error']}")
+    lines.append("")
+    for w in r["warnings"]:
+        lines.append(f"warning: {w['message']}")
+    if not r["warnings"]:
+        lines.append("no warnings")
+    return "\n".join(lines) + "\n"
+
+
+def _spread_line(label: str, summary: dict[str, float], fmt: Any) -> str:
+    return f"  {label:<12}{fmt(summary['min']):>10}{fmt(summary['median']):>13}{fmt(summary['max']):>13}"
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
