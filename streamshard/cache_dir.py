@@ -1,0 +1,130 @@
+"""Identity and ownership of an activation cache directory: ``meta.json``, the lock, the open files.
+
+``meta.json`` records the format, a digest of the caller's key and the record spec; a directory
+written under another key or format is wiped on open rather than trusted. A directory belongs to one
+process at a time through an ``flock`` on ``.lock``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .cache_disk import DiskTier
+from .cache_errors import CacheLockedError
+
+__all__ = ["CacheFiles", "RecordSpec", "key_digest", "lock_directory", "open_disk", "read_meta", "wipe_files"]
+
+_FORMAT = "streamshard.activation_cache/1"
+
+
+@dataclass(frozen=True)
+class RecordSpec:
+    """Per-sample record shape and dtype."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def to_json(self) -> dict:
+        return {"shape": list(self.shape), "dtype": str(self.dtype).removeprefix("torch.")}
+
+    @classmethod
+    def from_json(cls, meta: dict) -> "RecordSpec":
+        dtype = getattr(torch, str(meta["dtype"]), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"unknown dtype {meta['dtype']!r}")
+        return cls(tuple(int(d) for d in meta["shape"]), dtype)
+
+
+class CacheFiles:
+    """The disk tier and the directory lock: released once, and only by the process that opened them."""
+
+    def __init__(self) -> None:
+        self.disk: DiskTier | None = None
+        self.lock_fd: int | None = None
+        self.pid = os.getpid()
+
+    def close(self) -> None:
+        if os.getpid() != self.pid:  # a forked child must not commit or unlock the parent's files
+            return
+        if self.disk is not None:
+            self.disk.close()
+            self.disk = None
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)  # releases the flock
+            self.lock_fd = None
+
+
+def key_digest(key: str | bytes | None) -> str:
+    """Hex SHA-256 of the format and the caller's key: what ``meta.json`` and every checksum carry."""
+    raw_key = key.encode() if isinstance(key, str) else (key or b"")
+    return hashlib.sha256(_FORMAT.encode() + b"\0" + raw_key).hexdigest()
+
+
+def lock_directory(directory: Path) -> int:
+    """An fd holding an exclusive ``flock`` on ``directory/.lock``; :class:`CacheLockedError` if taken."""
+    fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise CacheLockedError(
+            f"cache directory {directory} is already open in another process or cache object; "
+            "give each rank its own subdirectory, e.g. f'{root}/rank{rank}'"
+        ) from None
+    return fd
+
+
+def read_meta(directory: Path, digest: str, warn: Callable[[str], None]) -> RecordSpec | None:
+    """The record spec stored under this key, or None (wiping entries written under another key)."""
+    path = directory / "meta.json"
+    if not path.exists():
+        wipe_files(directory)  # no identity: whatever is left cannot be trusted
+        return None
+    try:
+        meta = json.loads(path.read_text())
+        if meta.get("format") == _FORMAT and meta.get("key_sha256") == digest:
+            return RecordSpec.from_json(meta)
+        reason = "written under a different key"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        reason = f"unreadable metadata ({exc})"
+    warn(f"discarding cache entries in {directory}: {reason}")
+    wipe_files(directory)
+    return None
+
+
+def wipe_files(directory: Path) -> None:
+    """Delete the cache's data and metadata files (not the lock)."""
+    for name in ("index.npy", "index.npy.tmp", "slots.bin", "meta.json"):
+        (directory / name).unlink(missing_ok=True)
+
+
+def open_disk(
+    directory: Path, digest: str, spec: RecordSpec, budget_bytes: int, warn: Callable[[str], None]
+) -> DiskTier:
+    """Write ``meta.json`` if new and open the disk tier, its checksums salted with key and spec."""
+    _write_meta(directory, digest, spec)
+    salt_src = hashlib.sha256(f"{digest}:{json.dumps(spec.to_json())}".encode()).digest()
+    salt = np.frombuffer(salt_src[:8], np.uint64)[0] | np.uint64(1)  # never 0: zeroed slots must fail
+    return DiskTier(directory, spec.nbytes, budget_bytes, salt, warn)
+
+
+def _write_meta(directory: Path, digest: str, spec: RecordSpec) -> None:
+    meta_path = directory / "meta.json"
+    if not meta_path.exists():
+        meta = {"format": _FORMAT, "key_sha256": digest, **spec.to_json()}
+        tmp = directory / "meta.json.tmp"
+        tmp.write_text(json.dumps(meta))
+        os.replace(tmp, meta_path)
