@@ -151,7 +151,8 @@ class ActivationCache:
         self._host: HostTier | None = None
         self._files = CacheFiles()  # closed by close() or, at the latest, at interpreter exit
         self._finalizer = weakref.finalize(self, self._files.close)
-        self._warned: set[str] = set()
+        # The disk tier keeps the warner; it must not hold the cache, or the finalizer keeps it alive.
+        self._warn = _WarnOnce()
         self._closed = False
         self.reset_stats()
         if self._dir is not None:
@@ -356,9 +357,15 @@ class ActivationCache:
         if os.getpid() != self._pid:
             raise CacheError("ActivationCache was created in another process (fork); open one per process")
 
-    def _warn(self, message: str) -> None:
-        """Warn once per distinct message, and always log."""
+
+class _WarnOnce:
+    """Warn once per distinct message (and always log); holds no reference to any cache."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+
+    def __call__(self, message: str) -> None:
         logger.warning(message)
-        if message not in self._warned:
-            self._warned.add(message)
+        if message not in self._seen:
+            self._seen.add(message)
             warnings.warn(message, CacheWarning, stacklevel=3)

@@ -429,3 +429,16 @@ def test_module_fingerprint_changes_with_weights_and_extra():
     with torch.no_grad():
         net[0].weight[0, 0] += 1e-6
     assert module_fingerprint(net) != base
+
+
+def test_a_dropped_cache_with_a_directory_is_collected_and_releases_its_lock(tmp_path):
+    import gc
+    import weakref
+
+    cache = ActivationCache(tmp_path / "c", host_bytes=1 << 20, disk_bytes=1 << 20, key="k")
+    cache.put(torch.tensor([1, 2]), torch.ones(2, 4))
+    ref = weakref.ref(cache)
+    del cache
+    gc.collect()
+    assert ref() is None
+    ActivationCache(tmp_path / "c", host_bytes=1 << 20, disk_bytes=1 << 20, key="k").close()  # lock released
