@@ -40,23 +40,22 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
+from streamshard.testing import write_corpus  # noqa: E402
 
 OUT_JSON = HERE / "out" / "peers.json"
 OUT_PNG = HERE / "peers.png"
 CORPUS = HERE / "out" / "peers_corpus"
 COLUMNS = ["id", "input_ids", "label"]
-SCHEMA = pa.schema([("id", pa.int64()), ("input_ids", pa.list_(pa.int32())), ("label", pa.int64())])
 FILES, ROW_GROUPS_PER_FILE = 16, 4
 MIN_TOKENS, MAX_TOKENS, VOCAB = 64, 512, 50_000
 BATCH = 256
 NUM_WORKERS = 2
-CORPUS_VERSION = 1
+CORPUS_VERSION = 2
 REPEAT_UNDER_S = 10.0  # slower readers run once, to keep the whole benchmark near two minutes
 
 
@@ -73,26 +72,12 @@ def ensure_corpus(rows: int) -> list[str]:
     CORPUS.mkdir(parents=True, exist_ok=True)
     for old in CORPUS.iterdir():
         old.unlink()
-    rng = np.random.default_rng(0)
     per_group = -(-rows // (FILES * ROW_GROUPS_PER_FILE))
-    next_id = 0
-    for path in paths:
-        with pq.ParquetWriter(path, SCHEMA) as writer:
-            for _ in range(ROW_GROUPS_PER_FILE):
-                n = min(per_group, rows - next_id)
-                writer.write_table(_random_rows(rng, next_id, n), row_group_size=max(n, 1))
-                next_id += n
+    sizes = [min(per_group, max(rows - i * per_group, 0)) for i in range(FILES * ROW_GROUPS_PER_FILE)]
+    layout = [sizes[f * ROW_GROUPS_PER_FILE : (f + 1) * ROW_GROUPS_PER_FILE] for f in range(FILES)]
+    write_corpus(str(CORPUS), layout, MIN_TOKENS, MAX_TOKENS, seed=0, tokens="random", vocab=VOCAB)
     marker.write_text(stamp)
     return paths
-
-
-def _random_rows(rng: np.random.Generator, first: int, n: int) -> pa.Table:
-    lengths = rng.integers(MIN_TOKENS, MAX_TOKENS + 1, size=n)
-    offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    tokens = rng.integers(0, VOCAB, size=int(offsets[-1]), dtype=np.int32)
-    ids = np.arange(first, first + n, dtype=np.int64)
-    return pa.table({"id": ids, "input_ids": pa.ListArray.from_arrays(offsets, tokens), "label": ids % 7}, schema=SCHEMA)
 
 
 # -- readers (each runs inside a child process) ------------------------------------------------

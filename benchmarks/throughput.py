@@ -47,17 +47,17 @@ from torch.utils.data import DataLoader, IterableDataset
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from streamshard import tensors as ss_tensors  # noqa: E402
 from streamshard.dataset import ParquetStream  # noqa: E402
+from streamshard.testing import write_corpus  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out" / "throughput.json"
 CORPUS_ROOT = HERE / "out" / "corpus"
 COLUMNS = ["id", "input_ids", "score"]
-SCHEMA = pa.schema([("id", pa.int64()), ("input_ids", pa.list_(pa.int32())), ("score", pa.float32())])
 VOCAB = 50_000
 MIN_TOKENS, MAX_TOKENS = 128, 1024
 RAW_BATCH_ROWS = 8192
 RAW_MODES = ("decode", "numpy", "padded")
-CORPUS_VERSION = 1
+CORPUS_VERSION = 2
 
 
 # -- corpus ---------------------------------------------------------------------------------
@@ -99,30 +99,9 @@ def ensure_corpus(spec: CorpusSpec) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     for stale in directory.glob("*"):
         stale.unlink()
-    rng = np.random.default_rng(spec.seed)
-    next_id = 0
-    for f, groups in enumerate(wanted["layout"]):
-        with pq.ParquetWriter(directory / f"part-{f:05d}.parquet", SCHEMA) as writer:
-            for rows in groups:
-                writer.write_table(_random_rows(rng, next_id, rows), row_group_size=rows)
-                next_id += rows
+    write_corpus(str(directory), wanted["layout"], MIN_TOKENS, MAX_TOKENS, seed=spec.seed, tokens="random", vocab=VOCAB)
     manifest.write_text(json.dumps(wanted))
     return directory
-
-
-def _random_rows(rng: np.random.Generator, first: int, n: int) -> pa.Table:
-    lengths = rng.integers(MIN_TOKENS, MAX_TOKENS + 1, size=n)
-    offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    tokens = rng.integers(0, VOCAB, size=int(offsets[-1]), dtype=np.int32)
-    return pa.table(
-        {
-            "id": np.arange(first, first + n, dtype=np.int64),
-            "input_ids": pa.ListArray.from_arrays(offsets, tokens),
-            "score": rng.random(n, dtype=np.float32),
-        },
-        schema=SCHEMA,
-    )
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import numpy as np
 
 from .plan import EpochPlan, Layout, PlanConfig, Pieces
 

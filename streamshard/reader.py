@@ -119,7 +119,6 @@ class RowGroupReader:
     # -- public --------------------------------------------------------------------------------
     def read(self, file_index: int, row_group: int) -> pa.Table:
         """The projected columns of one row group; ``ReadError`` names the URL, row group and cause."""
-        url = self.urls[file_index]
         try:
             metadata, parts = self._fetch_row_group(file_index, row_group)
             source = _SparseFile(self.sizes[file_index], sorted(parts), lambda s, e: self._miss(file_index, s, e))

@@ -13,7 +13,7 @@ from streamshard.catalog import Catalog
 from streamshard.footer import chunk_ranges
 from streamshard.reader import RowGroupReader
 from streamshard.retry import RetryPolicy
-from streamshard.testing import FaultConfig, faulty_proxy
+from streamshard.testing import faulty_proxy
 
 ROWS_PER_GROUP = 10_000
 GROUPS = 4

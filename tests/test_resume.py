@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 
 import streamshard as ss
 from streamshard.elastic import Segment, remaining_stream, resume_plan, rows_delivered, worker_batches_delivered
-from streamshard.plan import EpochPlan, PlanConfig
+
 from helpers import ids_of
 from resume_harness import check_plain_resume, check_stateful_resume
 from test_plan import configs, layouts, make_layout

@@ -25,12 +25,18 @@ def write_corpus(
     min_tokens: int = 4,
     max_tokens: int = 16,
     seed: int = 0,
+    tokens: str = "id",
+    vocab: int = 50_000,
 ) -> list[str]:
     """Write one file per entry of ``layout``, with row groups of the given row counts.
 
     Column ``id`` holds the row's global index in sorted-path order (what ``sample_id`` must
-    be), so a reader's output can be checked row by row. Returns the file paths, sorted.
+    be), so a reader's output can be checked row by row. ``tokens="id"`` fills each row's
+    ``input_ids`` with ``id % vocab`` (checkable); ``tokens="random"`` draws them uniformly
+    (compresses like real token data, for benchmarks). Returns the file paths, sorted.
     """
+    if tokens not in ("id", "random"):
+        raise ValueError(f"tokens must be 'id' or 'random', got {tokens!r}")
     os.makedirs(directory, exist_ok=True)
     rng = np.random.default_rng(seed)
     paths, next_id = [], 0
@@ -38,18 +44,22 @@ def write_corpus(
         path = os.path.join(directory, f"part-{f:05d}.parquet")
         with pq.ParquetWriter(path, SCHEMA) as writer:
             for rows in row_groups:
-                writer.write_table(_rows(rng, next_id, int(rows), min_tokens, max_tokens), row_group_size=max(int(rows), 1))
+                table = _rows(rng, next_id, int(rows), min_tokens, max_tokens, tokens == "random", vocab)
+                writer.write_table(table, row_group_size=max(int(rows), 1))
                 next_id += int(rows)
         paths.append(path)
     return sorted(paths)
 
 
-def _rows(rng: np.random.Generator, first: int, n: int, lo: int, hi: int) -> pa.Table:
+def _rows(rng: np.random.Generator, first: int, n: int, lo: int, hi: int, random: bool, vocab: int) -> pa.Table:
     ids = np.arange(first, first + n, dtype=np.int64)
     lengths = rng.integers(lo, hi + 1, size=n)
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
-    tokens = (np.repeat(ids, lengths) % 50_000).astype(np.int32)  # token values derive from the id
+    if random:
+        tokens = rng.integers(0, vocab, size=int(offsets[-1]), dtype=np.int32)
+    else:
+        tokens = (np.repeat(ids, lengths) % vocab).astype(np.int32)  # token values derive from the id
     return pa.table(
         {
             "id": ids,
