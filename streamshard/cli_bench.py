@@ -102,7 +102,7 @@ class _WorkerTimes:
     busy_s     time inside the worker's ``next()``: producing batches, not idling on the DataLoader
     wait_s     part of busy_s spent blocked on the read-ahead thread for the next Arrow table
     read_s     wall time of ``RowGroupReader.read`` calls (read-ahead threads): fetch + Parquet decode
-    io_s       part of read_s spent fetching byte ranges from storage (``RowGroupReader._fetch``)
+    io_s       part of read_s spent fetching byte ranges from storage (``RowGroupReader.stats``)
     decode_s   read_s - io_s: decompression and decoding to Arrow (reported, not stored)
     convert_s  Arrow -> torch (``BatchConverter``), on the worker's main thread
     read_bytes bytes the reader fetched from storage (``RowGroupReader.stats``)
@@ -122,26 +122,16 @@ class _WorkerTimes:
             self.values[field] += amount
 
     def instrument(self, reader: RowGroupReader) -> None:
-        """Time this reader's ``read`` and (when it has one) its byte-range fetch seam ``_fetch``."""
+        """Collect this reader's own timings and byte counts (``RowGroupReader.stats``)."""
         self.readers.append(reader)
-        reader.read = self._timed(reader.read, "read_s")  # type: ignore[method-assign]
-        if hasattr(reader, "_fetch"):  # private seam of RowGroupReader: fetch the bytes of some ranges
-            reader._fetch = self._timed(reader._fetch, "io_s")  # type: ignore[attr-defined]
-
-    def _timed(self, fn: Any, field: str) -> Any:
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.add(field, time.perf_counter() - start)
-
-        return timed
 
     def flush(self) -> None:
-        fetched = sum(getattr(getattr(r, "stats", None), "bytes_fetched", 0) for r in self.readers)
+        totals = {name: sum(getattr(r.stats, name) for r in self.readers)
+                  for name in ("bytes_fetched", "read_seconds", "fetch_seconds")}
         with self.lock:
-            self.values["read_bytes"] = float(fetched)
+            self.values["read_bytes"] = float(totals["bytes_fetched"])
+            self.values["read_s"] = totals["read_seconds"]
+            self.values["io_s"] = totals["fetch_seconds"]
             self.row.copy_(torch.tensor([self.values[f] for f in self.FIELDS], dtype=torch.float64))
 
     @classmethod

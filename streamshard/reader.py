@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import logging
 import threading
+import time
 from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -53,6 +54,8 @@ class ReadStats:
     footers_fetched: int = 0
     row_groups_read: int = 0
     misses: int = 0  # reads pyarrow made outside the planned ranges (fetched on demand)
+    read_seconds: float = 0.0  # wall time inside read() (fetch + decode), summed over threads
+    fetch_seconds: float = 0.0  # the part of it spent fetching byte ranges (retries included)
 
 
 class RowGroupReader:
@@ -119,6 +122,7 @@ class RowGroupReader:
     # -- public --------------------------------------------------------------------------------
     def read(self, file_index: int, row_group: int) -> pa.Table:
         """The projected columns of one row group; ``ReadError`` names the URL, row group and cause."""
+        started = time.perf_counter()
         try:
             metadata, parts = self._fetch_row_group(file_index, row_group)
             source = _SparseFile(self.sizes[file_index], sorted(parts), lambda s, e: self._miss(file_index, s, e))
@@ -130,6 +134,7 @@ class RowGroupReader:
             raise self._error(file_index, row_group, exc) from None
         with self._lock:
             self.stats.row_groups_read += 1
+            self.stats.read_seconds += time.perf_counter() - started
         return table
 
     def close(self) -> None:
@@ -221,6 +226,14 @@ class RowGroupReader:
         """``(start, bytes)`` of each range (in the order asked), each request retried on its own."""
         if not ranges:
             return []
+        started = time.perf_counter()
+        try:
+            return self._fetch_ranges(file_index, ranges)
+        finally:
+            with self._lock:
+                self.stats.fetch_seconds += time.perf_counter() - started
+
+    def _fetch_ranges(self, file_index: int, ranges: list[Range]) -> list[tuple[int, bytes]]:
         url, size = self.urls[file_index], self.sizes[file_index]
         fs, path = self.filesystems.resolve(url)
         got: dict[int, bytes] = {}
