@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from typing import Any, Callable
 
 import torch
@@ -27,12 +28,20 @@ def _same(x: Any, y: Any) -> bool:
     return x == y
 
 
-def check_plain_resume(make: Callable[[], Any], num_workers: int, stops: list[int], epoch: int = 0) -> None:
+def with_random_stops(stops: list[int], length: int, count: int, seed: int) -> list[int]:
+    """The given stop points plus ``count`` drawn uniformly from [0, length] (seeded: reproducible)."""
+    rng = random.Random(seed)
+    return sorted(set(stops) | {rng.randint(0, length) for _ in range(count)})
+
+
+def check_plain_resume(
+    make: Callable[[], Any], num_workers: int, stops: list[int], epoch: int = 0, random_stops: int = 3
+) -> None:
     """Resume with a plain DataLoader from the count of batches the rank consumed."""
     ds = make()
     ds.set_epoch(epoch)
     full = list(DataLoader(ds, batch_size=None, num_workers=num_workers))
-    for k in stops:
+    for k in with_random_stops(stops, len(full), random_stops, seed=epoch * 1000 + num_workers):
         k = min(k, len(full))
         state = json.loads(json.dumps(ds.state_dict(consumed_batches=k, num_workers=num_workers)))
         assert len(json.dumps(state)) < 2_000, "state must stay small"
@@ -42,14 +51,16 @@ def check_plain_resume(make: Callable[[], Any], num_workers: int, stops: list[in
         assert same_batches(rest, full[k:]), f"resume after {k} of {len(full)} batches differs"
 
 
-def check_stateful_resume(make: Callable[[], Any], num_workers: int, stops: list[int], epoch: int = 0) -> None:
+def check_stateful_resume(
+    make: Callable[[], Any], num_workers: int, stops: list[int], epoch: int = 0, random_stops: int = 2
+) -> None:
     """Resume through torchdata's StatefulDataLoader, which calls state_dict() inside each worker."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     ds = make()
     ds.set_epoch(epoch)
     full = list(StatefulDataLoader(ds, batch_size=None, num_workers=num_workers))
-    for k in stops:
+    for k in with_random_stops(stops, len(full), random_stops, seed=epoch * 1000 + num_workers + 1):
         k = min(k, len(full))
         first = make()
         first.set_epoch(epoch)
