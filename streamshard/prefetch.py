@@ -15,216 +15,29 @@ event of the copy that read it has completed. On CPU (and other devices) the sam
 runs with no pinning: loading still overlaps compute.
 
 Only the mover differs between devices; ordering, nesting, errors, depth and shutdown are
-one code path, which is what the CPU tests exercise.
+one code path, which is what the CPU tests exercise. The buffer bookkeeping lives in
+:mod:`streamshard.pinned_pool` and the batch walking in :mod:`streamshard.tensor_tree`; their
+public names are re-exported here.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import queue
 import threading
 import weakref
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Protocol
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
+
+from .pinned_pool import BufferPool, Fence, size_class, stage_into_pool
+from .tensor_tree import map_tensors
 
 __all__ = ["BufferPool", "DevicePrefetcher", "Fence", "map_tensors", "size_class", "stage_into_pool"]
 
 # How long close() waits for the loader thread; a source stuck in next() is left to the
 # daemon thread, which exits as soon as next() returns because the stop flag is set.
 _JOIN_TIMEOUT_S = 1.0
-
-
-# --------------------------------------------------------------------------- batch trees
-
-
-def map_tensors(fn: Callable[[torch.Tensor], Any], batch: Any) -> Any:
-    """Return ``batch`` with ``fn`` applied to every tensor leaf, keeping the structure.
-
-    Walks dicts (and other mappings), lists, tuples, namedtuples and dataclass instances.
-    Every other leaf (strings, numbers, ``None``, numpy arrays, ...) is returned as is, and a
-    container holding no tensor is returned as the very same object.
-    """
-    if isinstance(batch, torch.Tensor):
-        return fn(batch)
-    if isinstance(batch, Mapping):
-        return _map_mapping(fn, batch)
-    if isinstance(batch, (list, tuple)):
-        return _map_sequence(fn, batch)
-    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        return _map_dataclass(fn, batch)
-    return batch
-
-
-def _map_mapping(fn: Callable[[torch.Tensor], Any], batch: Mapping) -> Any:
-    items = {key: map_tensors(fn, value) for key, value in batch.items()}
-    if all(items[key] is value for key, value in batch.items()):
-        return batch
-    if type(batch) is dict:
-        return items
-    try:  # keep the mapping's own type (OrderedDict, defaultdict, ...) when it copies
-        clone = copy.copy(batch)
-        clone.update(items)
-        return clone
-    except (TypeError, AttributeError):
-        return items
-
-
-def _map_sequence(fn: Callable[[torch.Tensor], Any], batch: list | tuple) -> Any:
-    items = [map_tensors(fn, value) for value in batch]
-    if all(new is old for new, old in zip(items, batch)):
-        return batch
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-        return type(batch)(*items)
-    if type(batch) in (list, tuple):
-        return type(batch)(items)
-    try:
-        return type(batch)(items)
-    except TypeError:
-        return items
-
-
-def _map_dataclass(fn: Callable[[torch.Tensor], Any], batch: Any) -> Any:
-    fields = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
-    mapped = {name: map_tensors(fn, value) for name, value in fields.items()}
-    if all(mapped[name] is value for name, value in fields.items()):
-        return batch
-    # copy + object.__setattr__ works for frozen and init=False fields and skips __post_init__
-    clone = copy.copy(batch)
-    for name, value in mapped.items():
-        object.__setattr__(clone, name, value)
-    return clone
-
-
-# --------------------------------------------------------------------------- buffer pool
-
-
-class Fence(Protocol):
-    """Something that completes later: ``torch.cuda.Event`` satisfies it."""
-
-    def query(self) -> bool: ...
-
-    def synchronize(self) -> None: ...
-
-
-def size_class(nbytes: int) -> int:
-    """Round ``nbytes`` up to one of 8 classes per power of two (at most 12.5% waste).
-
-    Batches whose sizes differ a little (variable-length text) then share buffers, while a
-    fixed-shape batch keeps hitting one class.
-    """
-    if nbytes <= 0:
-        raise ValueError(f"nbytes must be positive, got {nbytes}")
-    step = max(1, (1 << (nbytes.bit_length() - 1)) // 8)
-    return -(-nbytes // step) * step
-
-
-class BufferPool:
-    """Reusable flat byte buffers keyed by size class, returned only once their reader is done.
-
-    ``acquire`` hands out a free buffer of the right class or allocates one;
-    ``release_after(fence, buffers)`` parks buffers until ``fence`` completes; ``reclaim``
-    moves completed ones back to the free list. The pool is independent of pinning (the
-    allocator is injected), so its bookkeeping is testable without a GPU. Thread-safe.
-    """
-
-    def __init__(self, allocate: Callable[[int], torch.Tensor]) -> None:
-        self._allocate = allocate
-        self._free: dict[int, list[torch.Tensor]] = {}
-        self._pending: deque[tuple[Fence, list[torch.Tensor], tuple[Any, ...]]] = deque()
-        self._lock = threading.Lock()
-        self.allocations = 0
-        self.reuses = 0
-
-    def acquire(self, nbytes: int) -> torch.Tensor:
-        """Return a 1-D uint8 buffer of at least ``nbytes`` bytes that nobody else holds."""
-        key = size_class(nbytes)
-        with self._lock:
-            free = self._free.get(key)
-            if free:
-                self.reuses += 1
-                return free.pop()
-            self.allocations += 1
-        return self._allocate(key)
-
-    def release_after(
-        self, fence: Fence, buffers: list[torch.Tensor], keep_alive: tuple[Any, ...] = ()
-    ) -> None:
-        """Return ``buffers`` to the free list once ``fence`` has completed.
-
-        ``keep_alive`` objects (e.g. caller-pinned tensors being read by the same copy) are
-        only referenced until then, never pooled.
-        """
-        with self._lock:
-            self._pending.append((fence, buffers, keep_alive))
-
-    def reclaim(self, max_pending: int | None = None) -> None:
-        """Free buffers whose fence completed; block on the oldest while over ``max_pending``.
-
-        Fences complete in order on one stream, so only the head is ever waited on.
-        """
-        while True:
-            with self._lock:
-                if not self._pending:
-                    return
-                head = self._pending[0]
-                over = max_pending is not None and len(self._pending) > max_pending
-            if over:
-                head[0].synchronize()
-            elif not head[0].query():
-                return
-            with self._lock:
-                if self._pending and self._pending[0] is head:  # another thread may have won
-                    self._pending.popleft()
-                    for buffer in head[1]:
-                        self._free.setdefault(buffer.numel(), []).append(buffer)
-
-    def close(self) -> None:
-        """Wait for outstanding readers, then drop every buffer (frees pinned memory)."""
-        with self._lock:
-            pending, self._pending = self._pending, deque()
-            self._free.clear()
-        for fence, _, _ in pending:
-            fence.synchronize()
-
-    @property
-    def pending(self) -> int:
-        """Number of release_after groups still waiting for their fence."""
-        with self._lock:
-            return len(self._pending)
-
-    @property
-    def free_buffers(self) -> int:
-        """Number of buffers ready to be handed out again."""
-        with self._lock:
-            return sum(len(free) for free in self._free.values())
-
-
-def stage_into_pool(batch: Any, pool: BufferPool) -> tuple[Any, list[torch.Tensor], list[Any]]:
-    """Copy the CPU tensors of ``batch`` into pool buffers (pinned, when the pool pins).
-
-    Returns ``(staged_batch, buffers, keep_alive)``: the batch whose CPU tensors now view pool
-    buffers, the buffers to release once the device copy has read them, and the tensors
-    that were already pinned (used directly, so they must outlive the copy).
-    """
-    buffers: list[torch.Tensor] = []
-    keep_alive: list[Any] = []
-
-    def stage(tensor: torch.Tensor) -> torch.Tensor:
-        if tensor.device.type != "cpu" or tensor.layout != torch.strided or tensor.nbytes == 0:
-            return tensor
-        if tensor.is_pinned():
-            keep_alive.append(tensor)
-            return tensor
-        buffer = pool.acquire(tensor.nbytes)
-        buffers.append(buffer)
-        host = buffer[: tensor.nbytes].view(tensor.dtype).view(tensor.shape)
-        return host.copy_(tensor)
-
-    return map_tensors(stage, batch), buffers, keep_alive
 
 
 # --------------------------------------------------------------------------- movers
