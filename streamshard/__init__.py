@@ -1,6 +1,7 @@
 """streamshard: stream Parquet into PyTorch, every sample to exactly one GPU, exactly once per epoch."""
 
-from .blend import BlendedStream, BlendPlan, blend_length
+from .blend import BlendedStream
+from .blend_plan import BlendPlan, blend_length
 from .blend_schedule import BlendSchedule, blend_counts
 from .cache import ActivationCache, CacheStats, module_fingerprint
 from .catalog import Catalog
