@@ -33,13 +33,12 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .blend_schedule import BlendSchedule, blend_counts
+from .blend_schedule import ORDERS, BlendSchedule, blend_counts
 from .permutation import Permutation, mix_seed
 
 __all__ = ["BlendPlan", "blend_length"]
 
 STOPS = ("all_exhausted", "first_exhausted")
-from .blend_schedule import ORDERS  # one definition of the orders
 _WITHIN_BLOCK_TAG = 0x424C4B5348  # ASCII "BLKSH": the within-block shuffle's own seed domain
 _COUNT_CHUNK = 1 << 16  # positions per vector op when counting labels to resume a shuffled block
 

@@ -1,140 +1,31 @@
 """``ElasticSampler``: a map-style sampler with node-local shuffling and mid-epoch resizing.
 
-The model (everything is arithmetic on positions; nothing per sample is stored):
-
-* **Node subsets.** ``range(n)`` is put in a fixed order that depends on ``seed`` only (a
-  :class:`Permutation`, or the identity when ``shuffle=False``) and cut into ``num_nodes``
-  contiguous blocks, the first ``n % num_nodes`` one sample larger. Node ``j`` owns block ``j``
-  for the whole run, so a node-local cache stays valid from epoch to epoch.
-* **Epoch order.** Each (seed, epoch, node) gets its own permutation of the node's block; the
-  epoch's *pool* is the concatenation of the nodes' shuffled blocks.
-* **Dealing.** The ``L = num_replicas // num_nodes`` local ranks of node ``j`` take the node's
-  positions round robin: local rank ``l`` gets positions ``l, l + L, l + 2L, ...``. After every
-  replica has consumed ``k`` samples, each node has consumed exactly the first ``k * L``
-  positions of its block: the progress of a whole epoch is one number per node layout.
-* **Equal counts.** Every replica gets ``c`` samples: ``ceil(rest / L)`` of the largest node's
-  rest with ``drop_last=False``, ``floor(rest / L)`` of the smallest node's with ``drop_last=True``.
-  Padding wraps around to the start of the node's own order (repeats of the node's first
-  samples, so padding never leaves the node); ``drop_last`` drops each node's tail. Padding and
-  dropping stay below ``num_replicas`` samples per epoch.
-* **Resizing.** Re-dealing the rest of an epoch to ``L'`` local ranks just continues from the
-  consumed offset with the new stride, node by node. When ``num_nodes`` changes, the nodes'
-  unconsumed suffixes are concatenated into a new pool that is cut into the new nodes' blocks
-  (each new node takes mostly the samples of one or two old nodes, in their shuffled order); a
-  position in the new pool maps back to the old one arithmetically, so the state only records
-  ``[num_nodes, offset]`` per earlier layout of the epoch.
+The torch-facing edge: argument and state validation, the epoch/resume/resize state machine and
+iteration. Which sample each replica gets is pure arithmetic in :mod:`streamshard.sampler_plan`
+(node subsets, per-epoch order, dealing, and the fold of earlier node layouts after a resize).
 """
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from torch.utils.data import Sampler
 
-from .permutation import MAX_N, Permutation, mix_seed
+from .permutation import MAX_N
+from .sampler_plan import Segment, max_offset, pool_size, remaining, sample_ids
 from .topology import resolve_rank_world
 
 __all__ = ["ElasticSampler"]
 
 STATE_VERSION = 1
 _MAX_SEED = 2**64 - 1
-# Domain tags so the sampler's shuffles share no seed with other users of mix_seed.
-_NODE_SPLIT_TAG, _EPOCH_ORDER_TAG = 0x53414D504C4552, 0x45504F4348
 # Indices computed per numpy call while iterating: enough to amortise numpy, small in memory.
 _CHUNK = 1 << 14
 _STATE_KEYS = ("version", "dataset_len", "seed", "shuffle", "drop_last", "epoch", "num_replicas",
                "num_nodes", "layouts", "offset", "segment_start", "yielded", "consumed")
-
-
-# -- pure planning: positions in pools, no torch, no state ----------------------------------------
-
-
-def _blocks(size: int, parts: int) -> tuple[int, int]:
-    """``size`` cut into ``parts`` contiguous blocks: ``(small, big_count)``.
-
-    The first ``big_count`` blocks hold ``small + 1`` items, the rest ``small``.
-    """
-    return divmod(size, parts)
-
-
-def _block_start(j: Any, small: int, big: int) -> Any:
-    return j * small + np.minimum(j, big)
-
-
-def _block_of(q: np.ndarray, small: int, big: int) -> np.ndarray:
-    """Which block each position ``q`` falls in (the inverse of :func:`_blocks`)."""
-    edge = big * (small + 1)
-    return np.where(q < edge, q // (small + 1), big + (q - edge) // max(small, 1))
-
-
-def _max_offset(size: int, nodes: int) -> int:
-    small, big = _blocks(size, nodes)
-    return small + (big > 0)
-
-
-def _remaining(size: int, nodes: int, offset: int) -> int:
-    """Pool size left when every node has consumed the first ``offset`` positions of its block."""
-    small, big = _blocks(size, nodes)
-    return big * max(0, small + 1 - offset) + (nodes - big) * max(0, small - offset)
-
-
-def _to_parent(q: np.ndarray, size: int, nodes: int, offset: int) -> np.ndarray:
-    """Positions in the pool of unconsumed suffixes -> positions in the pool they came from."""
-    if q.size == 0:
-        return q
-    small, big = _blocks(size, nodes)
-    rest = small - offset  # the suffixes are blocks of the same shape: `big` of them one longer
-    node = _block_of(q, rest, big)
-    within = q - _block_start(node, rest, big)
-    return _block_start(node, small, big) + offset + within
-
-
-def _epoch_ids(q: np.ndarray, n: int, nodes: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
-    """Positions in an epoch's first pool -> sample ids (node blocks, shuffled per epoch)."""
-    if not shuffle:
-        return q
-    small, big = _blocks(n, nodes)
-    node = _block_of(q, small, big)
-    start = _block_start(node, small, big)
-    within = q - start
-    for j in np.unique(node).tolist():
-        mask = node == j
-        order = Permutation(small + (j < big), mix_seed(_EPOCH_ORDER_TAG, seed, epoch, j))
-        within[mask] = order[within[mask]]
-    return Permutation(n, mix_seed(_NODE_SPLIT_TAG, seed))[start + within]
-
-
-@dataclass(frozen=True)
-class _Segment:
-    """The current stretch of an epoch: one node layout, one replica count, a start offset."""
-
-    pool: int  # size of this layout's pool
-    nodes: int
-    local: int  # replicas per node
-    offset: int  # positions of each node's block consumed before this segment
-    drop_last: bool
-
-    @property
-    def per_replica(self) -> int:
-        """Samples each replica yields in this segment."""
-        small, big = _blocks(self.pool, self.nodes)
-        if self.drop_last:
-            return max(0, small - self.offset) // self.local
-        return math.ceil(max(0, small + (big > 0) - self.offset) / self.local)
-
-    def positions(self, node: int, local_rank: int, steps: np.ndarray) -> np.ndarray:
-        """Pool positions of ``local_rank`` on ``node`` at the given steps (padding wrapped)."""
-        small, big = _blocks(self.pool, self.nodes)
-        size = small + (node < big)
-        p = self.offset + local_rank + self.local * steps
-        if size == 0:  # fewer samples than nodes: borrow from the whole pool
-            return p % self.pool
-        return _block_start(node, small, big) + np.where(p < size, p, p % size)
 
 
 # -- the sampler -----------------------------------------------------------------------------------
@@ -253,12 +144,12 @@ class ElasticSampler(Sampler[int]):
         self._generation += 1
         segment, layouts = self._segment(), list(self._layouts)
         steps = segment.per_replica
-        first_nodes = layouts[0][0] if layouts else segment.nodes
         node, local_rank = self.node_rank, self.local_rank
 
         def indices(first: int) -> np.ndarray:
             chunk = np.arange(first, min(first + _CHUNK, steps), dtype=np.int64)
-            return self._epoch_indices(segment.positions(node, local_rank, chunk), layouts, first_nodes)
+            return sample_ids(segment.positions(node, local_rank, chunk), self._n, layouts,
+                              segment.nodes, self._seed, self._epoch, self._shuffle)
 
         return self._count(self._generation, (indices(first) for first in range(0, steps, _CHUNK)))
 
@@ -301,7 +192,7 @@ class ElasticSampler(Sampler[int]):
         self._offset = parsed["offset"]
         self._segment_start = parsed["segment_start"]
         old = self._segment(parsed["num_nodes"], parsed["num_replicas"] // parsed["num_nodes"])
-        self._rebase(old, parsed["num_nodes"], parsed["consumed"])
+        self._rebase(old, parsed["consumed"])
 
     def resize(
         self,
@@ -324,7 +215,7 @@ class ElasticSampler(Sampler[int]):
         _check_not_before(consumed, self._segment_start, "consumed")
         old_nodes, old = self._nodes, self._segment()
         self._set_topology(num_replicas, rank, old_nodes if num_nodes is None else num_nodes, node_rank)
-        self._rebase(old, old_nodes, consumed)
+        self._rebase(old, consumed)
 
     def __repr__(self) -> str:
         return (f"ElasticSampler(dataset_len={self._n}, num_replicas={self._replicas}, "
@@ -353,44 +244,28 @@ class ElasticSampler(Sampler[int]):
         self._yielded = 0
         self._generation += 1
 
-    def _pool_size(self, layouts: list[tuple[int, int]]) -> int:
-        size = self._n
-        for nodes, offset in layouts:
-            size = _remaining(size, nodes, offset)
-        return size
-
-    def _segment(self, nodes: int | None = None, local: int | None = None) -> _Segment:
+    def _segment(self, nodes: int | None = None, local: int | None = None) -> Segment:
         """The current segment; ``nodes``/``local`` override the topology it is dealt to."""
-        return _Segment(self._pool_size(self._layouts), self._nodes if nodes is None else nodes,
-                        self._local if local is None else local, self._offset, self._drop_last)
+        return Segment(pool_size(self._n, self._layouts), self._nodes if nodes is None else nodes,
+                       self._local if local is None else local, self._offset, self._drop_last)
 
-    def _fresh_segment(self) -> _Segment:
-        return _Segment(self._n, self._nodes, self._local, 0, self._drop_last)
+    def _fresh_segment(self) -> Segment:
+        return Segment(self._n, self._nodes, self._local, 0, self._drop_last)
 
-    def _rebase(self, old: _Segment, old_nodes: int, consumed: int) -> None:
+    def _rebase(self, old: Segment, consumed: int) -> None:
         """Start a segment on the current topology after ``consumed`` samples per old replica."""
         consumed = min(consumed, self._segment_start + old.per_replica)
-        offset = min(old.offset + (consumed - self._segment_start) * old.local,
-                     _max_offset(old.pool, old_nodes))
+        offset = old.offset_after(consumed - self._segment_start)
         if consumed == 0:
             self._layouts, self._offset = [], 0
-        elif old_nodes != self._nodes:
-            self._layouts = [*self._layouts, (old_nodes, offset)]
+        elif old.nodes != self._nodes:
+            self._layouts = [*self._layouts, (old.nodes, offset)]
             self._offset = 0
         else:
             self._offset = offset
         self._segment_start = self._yielded = consumed
         self._generation += 1
         self._resume_pending = True
-
-    def _epoch_indices(self, q: np.ndarray, layouts: list[tuple[int, int]], first_nodes: int) -> np.ndarray:
-        """Positions in the last layout's pool -> sample ids, through every earlier layout."""
-        sizes = [self._n]
-        for nodes, offset in layouts[:-1]:
-            sizes.append(_remaining(sizes[-1], nodes, offset))
-        for (nodes, offset), size in zip(reversed(layouts), reversed(sizes)):
-            q = _to_parent(q, size, nodes, offset)
-        return _epoch_ids(q, self._n, first_nodes, self._seed, self._epoch, self._shuffle)
 
     def _count(self, generation: int, chunks: Iterator[np.ndarray]) -> Iterator[int]:
         """Yield the indices, counting them unless a newer iteration or a resize took over."""
@@ -457,12 +332,10 @@ def _parse_state(state: Any, n: int, shuffle: bool, drop_last: bool) -> dict[str
         raise ValueError(f"state['num_replicas']={replicas} must be a positive multiple of "
                          f"state['num_nodes']={nodes}")
     out["layouts"] = _parse_layouts(state["layouts"], n)
-    size = n
-    for layout_nodes, offset in out["layouts"]:
-        size = _remaining(size, layout_nodes, offset)
-    if out["offset"] > _max_offset(size, nodes):
+    size = pool_size(n, out["layouts"])
+    if out["offset"] > max_offset(size, nodes):
         raise ValueError(f"state['offset']={out['offset']} is past the end of the epoch")
-    segment = _Segment(size, nodes, replicas // nodes, out["offset"], drop_last)
+    segment = Segment(size, nodes, replicas // nodes, out["offset"], drop_last)
     total = out["segment_start"] + segment.per_replica
     if not out["segment_start"] <= out["yielded"] <= total:
         raise ValueError(f"state['yielded']={out['yielded']} must be in "
@@ -488,7 +361,7 @@ def _parse_layouts(layouts: Any, n: int) -> list[tuple[int, int]]:
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
             raise ValueError(f"state['layouts'][{i}] must be a [num_nodes, offset] pair, got {pair!r}")
         nodes = _check_int(pair[0], f"state['layouts'][{i}][0]", 1, None)
-        offset = _check_int(pair[1], f"state['layouts'][{i}][1]", 0, _max_offset(size, nodes))
+        offset = _check_int(pair[1], f"state['layouts'][{i}][1]", 0, max_offset(size, nodes))
         parsed.append((nodes, offset))
-        size = _remaining(size, nodes, offset)
+        size = remaining(size, nodes, offset)
     return parsed
