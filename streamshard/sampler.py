@@ -145,11 +145,12 @@ class ElasticSampler(Sampler[int]):
         segment, layouts = self._segment(), list(self._layouts)
         steps = segment.per_replica
         node, local_rank = self.node_rank, self.local_rank
+        # Taken now: a pass keeps the order it started with, whatever set_epoch does meanwhile.
+        n, seed, epoch, shuffle = self._n, self._seed, self._epoch, self._shuffle
 
         def indices(first: int) -> np.ndarray:
             chunk = np.arange(first, min(first + _CHUNK, steps), dtype=np.int64)
-            return sample_ids(segment.positions(node, local_rank, chunk), self._n, layouts,
-                              segment.nodes, self._seed, self._epoch, self._shuffle)
+            return sample_ids(segment.positions(node, local_rank, chunk), n, layouts, segment.nodes, seed, epoch, shuffle)
 
         return self._count(self._generation, (indices(first) for first in range(0, steps, _CHUNK)))
 

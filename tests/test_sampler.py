@@ -426,3 +426,13 @@ def test_bad_epoch_resize_and_state_name_what_is_wrong():
     with pytest.raises(ValueError, match="missing"):
         ElasticSampler(40, 2, 0).load_state_dict({"epoch": 0})
     assert sampler.state_dict() == state  # failed loads elsewhere left this sampler alone
+
+
+def test_a_running_pass_keeps_its_order_when_the_epoch_changes_midway():
+    n = 40_000  # more than one internal chunk of indices
+    reference = list(ElasticSampler(n, num_replicas=1, rank=0, num_nodes=1, seed=3))
+    sampler = ElasticSampler(n, num_replicas=1, rank=0, num_nodes=1, seed=3)
+    iterator = iter(sampler)
+    head = [next(iterator) for _ in range(20_000)]
+    sampler.set_epoch(5)  # e.g. a training loop preparing the next epoch early
+    assert head + list(iterator) == reference
