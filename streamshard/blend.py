@@ -20,7 +20,7 @@ from .blend_plan import ORDERS, STOPS, BlendPlan, blend_length
 from .blend_schedule import MAX_SAMPLES, blend_counts
 from .batches import as_batch, concat, padding_like
 from .dataset import ParquetStream
-from .plan import EpochPlan, Layout
+from .plan import EpochPlan
 from .tensors import Batch
 from .topology import Topology, current_worker, resolve_rank_world
 
@@ -58,7 +58,7 @@ class _CorpusRows:
     def _iter_tables(self) -> Iterator[pa.Table]:
         # A row's place in its row group's emitted order does not depend on where pieces are cut,
         # so reading from a resume point gives the rows the uninterrupted run would have given.
-        layout = Layout(self._ds.catalog.rg_rows, self._ds.catalog.rg_file)
+        layout = self._ds.catalog.layout
         for corpus_epoch, begin, end in self._reads:
             plan = EpochPlan(layout, self._ds.config, corpus_epoch, 1)
             yield from self._ds.iter_piece_tables(plan, plan.pieces_in(begin, end))

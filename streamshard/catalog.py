@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from functools import cached_property
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -24,6 +25,7 @@ import pyarrow.parquet as pq
 from . import collective
 from .catalog_cache import CatalogCache, FileEntry, footer_from_dict, footer_to_dict
 from .errors import CatalogError
+from .plan import Layout
 from .footer import FooterError, chunk_ranges, parse_footer, tail_range
 from .retry import RetriesExhausted, RetryPolicy, call_with_retry, describe
 from .storage import FileSystems, check_short_read
@@ -67,16 +69,21 @@ class Catalog:
     schema: pa.Schema
     footer_lengths: np.ndarray | None = None  # int64 per file
     rg_ranges: np.ndarray | None = None  # int64 (row groups, columns, 2)
-    rg_first_id: np.ndarray = field(init=False, repr=False)
     file_first_rg: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        first = np.zeros(len(self.rg_rows), dtype=np.int64)
-        if len(self.rg_rows) > 1:
-            np.cumsum(self.rg_rows[:-1], out=first[1:])
-        object.__setattr__(self, "rg_first_id", first)
         starts = np.searchsorted(self.rg_file, np.arange(len(self.urls)), side="left").astype(np.int64)
         object.__setattr__(self, "file_first_rg", starts)
+
+    @cached_property
+    def layout(self) -> Layout:
+        """The shape planning needs (rows and file of each row group), computed once."""
+        return Layout(self.rg_rows, self.rg_file)
+
+    @property
+    def rg_first_id(self) -> np.ndarray:
+        """Global sample id of each row group's first row."""
+        return self.layout.rg_first_id
 
     @property
     def num_files(self) -> int:

@@ -13,7 +13,7 @@ import numpy as np
 
 from .catalog import Catalog
 from .cli_inspect import spread
-from .plan import UNEVEN_POLICIES, EpochPlan, Layout, PlanConfig
+from .plan import UNEVEN_POLICIES, EpochPlan, PlanConfig
 
 
 def run_plan(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
@@ -22,7 +22,7 @@ def run_plan(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
     workers = args.world_size * max(args.num_workers, 1)
     plans = {
         policy: EpochPlan(
-            Layout(catalog.rg_rows, catalog.rg_file),
+            catalog.layout,
             PlanConfig(unit=args.unit, shuffle=args.shuffle, seed=args.seed, batch_size=args.batch_size, uneven=policy),
             args.epoch,
             workers,

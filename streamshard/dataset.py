@@ -210,7 +210,7 @@ class ParquetStream(IterableDataset):
 
     @property
     def layout(self) -> Layout:
-        return Layout(self.catalog.rg_rows, self.catalog.rg_file)
+        return self.catalog.layout
 
     def epoch_plan(self, num_workers: int = 0, epoch: int | None = None) -> EpochPlan:
         """The plan of a whole epoch for this dataset's world size and ``num_workers`` DataLoader workers."""
