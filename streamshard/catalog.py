@@ -297,6 +297,9 @@ def list_entries(
 
 def _expand(path: str, filesystems: FileSystems) -> dict[str, FileEntry]:
     fs, root = filesystems.resolve(path)
+    # Filesystems are shared within a process; a catalog must see storage as it is now, not a
+    # listing cached by an earlier build (files added or rewritten since).
+    fs.invalidate_cache()
     if any(ch in root for ch in _GLOB_CHARS):
         entries = fs.glob(root, detail=True)
     elif fs.isdir(root):

@@ -11,6 +11,8 @@ attempts and time that the caller chose are the bounds that hold.
 from __future__ import annotations
 
 import copy
+import json
+import os
 import threading
 from typing import Any, Iterable
 
@@ -51,9 +53,7 @@ class FileSystems:
         with self._lock:
             fs = self._by_protocol.get(protocol)
             if fs is None:
-                fs, path = _new_filesystem(protocol, url, self.storage_options)
-                self._by_protocol[protocol] = fs
-                return fs, path
+                fs = self._by_protocol[protocol] = _shared_filesystem(protocol, url, self.storage_options)
         return fs, fs._strip_protocol(url)
 
     def redact(self, text: str) -> str:
@@ -61,6 +61,22 @@ class FileSystems:
         for secret in self._secrets:
             text = text.replace(secret, "***")
         return text
+
+
+# Filesystems shared by every FileSystems of this process with the same protocol and options:
+# readers are made per epoch and per worker, and an S3 client costs ~100 ms to create. Keyed by
+# process id too, because an async client must not be used across a fork.
+_SHARED: dict[tuple[int, str, str], Any] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared_filesystem(protocol: str, url: str, storage_options: dict[str, Any]) -> Any:
+    key = (os.getpid(), protocol, json.dumps(storage_options, sort_keys=True, default=repr))
+    with _SHARED_LOCK:
+        fs = _SHARED.get(key)
+        if fs is None:
+            fs = _SHARED[key] = _new_filesystem(protocol, url, storage_options)[0]
+        return fs
 
 
 def _new_filesystem(protocol: str, url: str, storage_options: dict[str, Any]) -> tuple[Any, str]:

@@ -47,3 +47,32 @@ def test_s3_missing_prefix_is_a_clear_error(s3):
     ds = ss.ParquetStream("s3://corpus-bucket/nothing-here/*.parquet", storage_options=s3.storage_options, rank=0, world_size=1)
     with pytest.raises(ss.CatalogError, match="nothing-here"):
         ds.catalog
+
+
+def test_one_s3_client_per_process_and_options(s3):
+    from streamshard.storage import FileSystems
+
+    a = FileSystems(s3.storage_options).resolve("s3://corpus-bucket/x")[0]
+    b = FileSystems(dict(s3.storage_options)).resolve("s3://corpus-bucket/y")[0]
+    other = FileSystems({**s3.storage_options, "secret": "other"}).resolve("s3://corpus-bucket/x")[0]
+    assert a is b and a is not other
+
+
+def test_a_rebuilt_catalog_sees_files_added_since_the_last_build(s3, tmp_path):
+    write_corpus(str(tmp_path / "v1"), [[5], [6]])
+    url = s3.upload(str(tmp_path / "v1"), "growing-bucket", "c")
+    assert ss.Catalog.build(url, storage_options=s3.storage_options).num_files == 2
+    write_corpus(str(tmp_path / "v2"), [[5], [6], [7]])
+    s3.filesystem().put_file(str(tmp_path / "v2" / "part-00002.parquet"), "growing-bucket/c/part-00002.parquet")
+    rebuilt = ss.Catalog.build(url, storage_options=s3.storage_options)
+    assert rebuilt.num_files == 3 and rebuilt.num_rows == 18
+
+
+def test_a_rebuilt_catalog_sees_a_rewritten_file_size(s3, tmp_path):
+    write_corpus(str(tmp_path / "v1"), [[5], [6]])
+    url = s3.upload(str(tmp_path / "v1"), "rewrite-bucket", "c")
+    ss.Catalog.build(url, storage_options=s3.storage_options)  # lists the directory (and may cache it)
+    write_corpus(str(tmp_path / "v2"), [[50, 50]])
+    s3.filesystem().put_file(str(tmp_path / "v2" / "part-00000.parquet"), "rewrite-bucket/c/part-00000.parquet")
+    rebuilt = ss.Catalog.build(f"{url}/part-00000.parquet", storage_options=s3.storage_options)
+    assert rebuilt.num_rows == 100
