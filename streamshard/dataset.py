@@ -24,7 +24,7 @@ from .canonical import CanonicalPlan
 from .catalog import Catalog
 from .errors import ReadError
 from .elastic import STATE_VERSION, Segment, resume_plan, worker_batches_delivered
-from .plan import EpochPlan, Layout, PlanConfig, Pieces, WorkerPlan, interleave_index, skip_rows
+from .plan import EpochPlan, Layout, PlanConfig, Pieces, interleave_index, skip_rows
 from .reader import RowGroupReader, read_ahead
 from .tensors import LIST_FORMATS, Batch, BatchConverter
 from .topology import Topology, distributed_rank_world, current_worker, resolve_rank_world
@@ -348,48 +348,61 @@ class ParquetStream(IterableDataset):
     # -- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         worker_id, num_workers = current_worker()
-        if self.partitions is not None:
-            batches = self._iter_canonical(worker_id, num_workers)
-            return batches if self.transform is None else (self.transform(b) for b in batches)
-        plan, history, role, skip, _ = self._resolve(worker_id, num_workers)
         if worker_id == 0:
             self._warn_about_traps(num_workers)
+        if self.partitions is not None:
+            batches = self._iter_canonical(worker_id, num_workers)
+        else:
+            batches = self._iter_stream(worker_id, num_workers)
+        return batches if self.transform is None else (self.transform(batch) for batch in batches)
+
+    def _start_progress(self, history: list[Segment], num_workers: int, worker_id: int, role: int, skip: int) -> dict[str, Any]:
+        """Record what this iteration delivers, for ``state_dict()`` (per worker)."""
+        self._progress = {
+            "epoch": self.epoch, "history": history, "num_workers": num_workers, "worker_id": worker_id,
+            "role": role, "skip": skip, "delivered": skip,
+        }
+        return self._progress
+
+    def _iter_stream(self, worker_id: int, num_workers: int) -> Iterator[Batch]:
+        plan, history, role, skip, _ = self._resolve(worker_id, num_workers)
         worker = Topology(self.rank, self.world_size, role, num_workers).global_worker_id
         if worker == 0 and self.config.uneven == "drop" and plan.dropped_rows():
             log.warning("uneven='drop' leaves out %d of %d rows in epoch %d", plan.dropped_rows(), plan.total_rows, plan.epoch)
-        progress = {
-            "epoch": plan.epoch, "history": history, "num_workers": num_workers, "worker_id": worker_id,
-            "role": role, "skip": skip, "delivered": skip,
-        }
-        self._progress = progress
-        batches = self._worker_batches(plan, plan.worker_plan(worker), skip, progress)
-        if self.transform is None:
-            return batches
-        return (self.transform(batch) for batch in batches)
-
-    def _worker_batches(self, plan: EpochPlan, work: WorkerPlan, skip: int, progress: dict[str, Any]) -> Iterator[Batch]:
-        """The worker's batches from number ``skip`` on, reading nothing that is skipped."""
+        progress = self._start_progress(history, num_workers, worker_id, role, skip)
+        work = plan.worker_plan(worker)
         real, bs = work.real_batches, self.config.batch_size
-        padding = work.steps - max(real, skip)
-        # Padding copies the shape of the last real batch, so a resume past it re-reads that one.
-        first = real - 1 if skip >= real > 0 and padding > 0 else min(skip, real)
+        first = _first_to_read(skip, real, work.steps)
         skipped_rows = int(work.pieces.rows[:first].sum()) if bs is None else first * bs
         reader = self._reader()
         try:
             tables = self._delivered_tables(plan, work.pieces, skipped_rows, reader)
-            last: Batch | None = None
-            for index, last in enumerate(rebatch(tables, bs, real - first, self.converter), start=first):
-                if index >= skip:
-                    progress["delivered"] += 1
-                    yield last
-            if padding > 0:
-                template = last if last is not None else self._template_batch(reader, plan)
-                pad = padding_like(template, len(template[SAMPLE_ID]), self.converter.ragged_keys)
-                for _ in range(padding):
-                    progress["delivered"] += 1
-                    yield clone(pad)
+            real_batches = rebatch(tables, bs, real - first, self.converter)
+            yield from self._deliver(real_batches, first, skip, real, work.steps, plan, reader, progress)
         finally:
             reader.close()
+
+    def _deliver(
+        self, real_batches: Iterator[Batch], first: int, skip: int, real: int, steps: int,
+        plan: EpochPlan, reader: RowGroupReader, progress: dict[str, Any],
+    ) -> Iterator[Batch]:
+        """Yield real batches ``first..real-1`` from number ``skip`` on, then padding up to ``steps``.
+
+        Padding copies the shape of the worker's last real batch, so a resume past it reads that
+        one again (without yielding it); a worker with no rows copies a row group of the dataset.
+        """
+        last: Batch | None = None
+        for index, last in enumerate(real_batches, start=first):
+            if index >= skip:
+                progress["delivered"] += 1
+                yield last
+        padding = steps - max(real, skip)
+        if padding > 0:
+            template = last if last is not None else self._template_batch(reader, plan)
+            pad = padding_like(template, len(template[SAMPLE_ID]), self.converter.ragged_keys)
+            for _ in range(padding):
+                progress["delivered"] += 1
+                yield clone(pad)
 
     # -- canonical (topology-independent) order -------------------------------------------------
     def canonical_plan(self, num_workers: int = 0, epoch: int | None = None) -> CanonicalPlan:
@@ -417,43 +430,30 @@ class ParquetStream(IterableDataset):
             role = (worker_id + before) % plan.n
             skip = worker_batches_delivered(before, num_workers, role)
             history = history[:-1] if history and (history[-1].world_size, history[-1].num_workers) == (self.world_size, num_workers) else history
-        progress = {
-            "epoch": self.epoch, "history": history, "num_workers": num_workers, "worker_id": worker_id,
-            "role": role, "skip": skip, "delivered": skip,
-        }
-        self._progress = progress
+        progress = self._start_progress(history, num_workers, worker_id, role, skip)
         return self._canonical_batches(plan, plan.owned(self.rank, role), skip, progress)
 
     def _canonical_batches(self, plan: CanonicalPlan, owned: np.ndarray, skip: int, progress: dict[str, Any]) -> Iterator[Batch]:
         bs = self.config.batch_size
-        assert bs is not None
-        real = int(max((-(-plan.rows[owned] // plan.micro)).max(initial=0), 0))
-        real = min(real, plan.steps)
-        first = real - 1 if skip >= real > 0 and plan.steps > real else min(skip, real)
+        assert bs is not None  # checked at construction
+        real = min(int((-(-plan.rows[owned] // plan.micro)).max(initial=0)), plan.steps)
+        first = _first_to_read(skip, real, plan.steps)
         reader = self._reader()
-        cache: OrderedDict[int, pa.Table] = OrderedDict()
+        cache: OrderedDict[int, pa.Table] = OrderedDict()  # decoded row groups, one per owned partition
 
-        def build(i: int) -> pa.Table:
+        def build(i: int) -> Batch:
             pieces = plan.batch_pieces(owned, i)
             tables = [self._read_piece(reader, plan.stream, rg, lo, hi, cache, len(owned) + 2)
                       for rg, lo, hi in zip(pieces.rg.tolist(), pieces.lo.tolist(), pieces.hi.tolist())]
-            return pa.concat_tables(tables)
+            table = pa.concat_tables(tables)
+            batch = as_batch(table, self.converter)
+            if table.num_rows < bs:  # owned partitions ran short: top up to exactly batch_size rows
+                batch = concat(batch, padding_like(batch, bs - table.num_rows, self.converter.ragged_keys))
+            return batch
 
         try:
-            last: Batch | None = None
-            for i, table in zip(range(first, real), read_ahead(build, range(first, real), self.read_ahead)):
-                last = as_batch(table, self.converter)
-                if table.num_rows < bs:
-                    last = concat(last, padding_like(last, bs - table.num_rows, self.converter.ragged_keys))
-                if i >= skip:
-                    progress["delivered"] += 1
-                    yield last
-            if plan.steps > max(real, skip):
-                template = last if last is not None else self._template_batch(reader, plan.stream)
-                pad = padding_like(template, bs, self.converter.ragged_keys)
-                for _ in range(plan.steps - max(real, skip)):
-                    progress["delivered"] += 1
-                    yield clone(pad)
+            real_batches = read_ahead(build, range(first, real), self.read_ahead)  # one thread: `cache` is not shared
+            yield from self._deliver(real_batches, first, skip, real, plan.steps, plan.stream, reader, progress)
         finally:
             reader.close()
 
@@ -535,3 +535,11 @@ class ParquetStream(IterableDataset):
         if table.num_rows < rows:
             batch = concat(batch, padding_like(batch, rows - table.num_rows, self.converter.ragged_keys))
         return batch
+
+
+def _first_to_read(skip: int, real: int, steps: int) -> int:
+    """The first real batch a worker must build when resuming after ``skip`` batches.
+
+    Normally ``skip`` itself; past the real batches, the last real one (padding copies its shape).
+    """
+    return real - 1 if skip >= real > 0 and steps > real else min(skip, real)
