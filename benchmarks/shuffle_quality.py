@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+from streamshard.batch_plan import StreamSchedule
 from streamshard.plan import EpochPlan, Layout, PlanConfig
 
 FILES, GROUPS, ROWS, TOPICS, BATCH, WORKERS = 64, 8, 2_000, 16, 256, 8
@@ -54,7 +55,7 @@ def main() -> None:
     for name, kwargs in cases:
         plan = EpochPlan(layout, PlanConfig(seed=0, **kwargs), 0, WORKERS)
         start = time.perf_counter()
-        ids = plan.delivered_ids(0)
+        ids = StreamSchedule(plan, 0).sample_ids()
         elapsed = time.perf_counter() - start
         distinct, tv = metrics(ids, rg_of_row, topic_of_rg)
         results.append({"case": name, "distinct_row_groups_per_batch": distinct, "topic_tv_distance": tv, "plan_seconds": elapsed})

@@ -47,6 +47,8 @@ from torch.utils.data import DataLoader, IterableDataset
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from streamshard import tensors as ss_tensors  # noqa: E402
 from streamshard.dataset import ParquetStream  # noqa: E402
+from streamshard.delivery import spec_table  # noqa: E402
+from streamshard.reader import RowGroupReader  # noqa: E402
 from streamshard.testing import write_corpus  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -328,24 +330,27 @@ def _timed(fn: Callable[[], Any], into: dict[str, float], key: str) -> Any:
 def stage_breakdown(directory: Path) -> dict[str, float]:
     """Seconds per stage for one pass over the corpus in this process (no read-ahead, no IPC).
 
-    Runs ParquetStream's own piece reading (``iter_piece_tables``) with a timing reader, then
+    Reads the stream's own schedule (``ds.schedule()``, ``delivery.spec_table``) with a timing reader, then
     its converter, then the copy into shared memory that a DataLoader worker does per tensor;
     the convert stage is split further, and cheaper ways to pad the token column run on the
     same arrays for comparison.
     """
     ds = ParquetStream(str(directory), columns=COLUMNS, batch_size=None, read_ahead=0)
-    plan = ds.epoch_plan(0)
-    work = plan.worker_plan(0)
     catalog, converter = ds.catalog, ds.converter
     t: dict[str, float] = {}
-    reader = _TimedReader(ds._reader(), t, catalog.urls)
-    tables = ds.iter_piece_tables(plan, work.pieces, reader)
+    reader = _TimedReader(RowGroupReader.from_catalog(catalog), t, catalog.urls)
+    decoded: dict[int, pa.Table] = {}
     try:
-        while True:
+        for spec in ds.schedule().batches():  # the exact batches the stream delivers, read the same way
+            if not spec.rows:
+                continue
             start = time.perf_counter()
-            table = next(tables, None)
-            if table is None:
-                break
+            for key, what in spec.reads.items():
+                if key not in decoded:
+                    decoded[key] = reader.read(int(catalog.rg_file[what.rg]), int(catalog.rg_index[what.rg]))
+            table = spec_table(spec, decoded).append_column("sample_id", pa.array(spec.sample_id))
+            for key in spec.done:
+                decoded.pop(key, None)
             t[_PIECE] = t.get(_PIECE, 0.0) + time.perf_counter() - start
             batch = _timed(lambda: converter(table.drop_columns(["sample_id"])), t, "3 convert to tensors (BatchConverter)")
             _convert_parts(table, t)

@@ -2,7 +2,7 @@
 
 Run: ``python examples/blend.py`` (a few seconds; writes to a temporary directory).
 
-Two simulated ranks, each with a 2-worker DataLoader, read one blend epoch under each stop rule.
+Two simulated ranks, each with a 2-worker StreamLoader, read one blend epoch under each stop rule.
 "web" has 1,000 rows and "code" 300: "first_exhausted" ends the epoch when "code" is used up
 (web gives 700 of its rows), "all_exhausted" when "web" is (code cycles into a second,
 reshuffled corpus epoch). For each corpus the script prints rows delivered vs blend_counts and
@@ -15,11 +15,11 @@ import tempfile
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
 
 from streamshard.blend import BlendedStream
 from streamshard.blend_schedule import blend_counts
 from streamshard.dataset import ParquetStream
+from streamshard.loader import StreamLoader
 from streamshard.testing import write_corpus
 
 WEIGHTS = {"web": 0.7, "code": 0.3}
@@ -31,8 +31,7 @@ def one_epoch(paths: dict[str, str], stop: str) -> None:
     for rank in range(WORLD_SIZE):
         corpora = {name: ParquetStream(path, shuffle=True, seed=1) for name, path in paths.items()}
         blend = BlendedStream(corpora, WEIGHTS, batch_size=BATCH, stop=stop, rank=rank, world_size=WORLD_SIZE)
-        blend.set_epoch(0)
-        mine = list(DataLoader(blend, batch_size=None, num_workers=NUM_WORKERS))
+        mine = list(StreamLoader(blend, num_workers=NUM_WORKERS))
         batches += mine
         steps.append(len(mine))
     corpus = torch.cat([b["corpus"] for b in batches]).numpy()

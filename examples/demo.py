@@ -1,6 +1,6 @@
 """`make demo`: stream a generated corpus from local disk and from an embedded S3 server.
 
-Two simulated ranks x two DataLoader workers read one shuffled epoch; the demo prints what each
+Two simulated ranks x two StreamLoader workers read one shuffled epoch; the demo prints what each
 rank got, proves that together they saw every row exactly once with equal step counts, and
 reports rows/s. The S3 endpoint is moto's server on 127.0.0.1, reached over real HTTP by s3fs.
 """
@@ -11,7 +11,6 @@ import tempfile
 import time
 
 import numpy as np
-from torch.utils.data import DataLoader
 
 import streamshard as ss
 from streamshard.testing import local_s3, write_corpus
@@ -28,9 +27,8 @@ def stream_epoch(name: str, path: str, storage_options: dict | None = None) -> N
             path, columns=["input_ids", "label"], batch_size=BATCH_SIZE, shuffle=True, seed=0,
             rank=rank, world_size=WORLD_SIZE, storage_options=storage_options,
         )
-        ds.set_epoch(0)
         steps, ids, tokens = 0, [], 0
-        for batch in DataLoader(ds, batch_size=None, num_workers=NUM_WORKERS):
+        for batch in ss.StreamLoader(ds, num_workers=NUM_WORKERS):
             steps += 1
             real = batch["sample_id"] >= 0
             ids.append(batch["sample_id"][real].numpy())

@@ -10,8 +10,6 @@ from __future__ import annotations
 import sys
 import tempfile
 
-from torch.utils.data import DataLoader
-
 import streamshard as ss
 from streamshard.testing import write_corpus
 
@@ -19,11 +17,9 @@ from streamshard.testing import write_corpus
 def main() -> None:
     path = sys.argv[1] if len(sys.argv) > 1 else write_demo_corpus()
     ds = ss.ParquetStream(path, columns=["input_ids", "label"], batch_size=128, shuffle=True, seed=0)
-    ds.set_epoch(0)
+    loader = ss.StreamLoader(ds, num_workers=2)  # or DataLoader(ds, batch_size=None, num_workers=2)
     print(ds.catalog)
-    print("per epoch:", ds.epoch_summary(num_workers=2))
-
-    loader = DataLoader(ds, batch_size=None, num_workers=2)
+    print("per epoch:", ds.epoch_summary(num_workers=2), f"-> {len(loader)} batches for this rank")
     rows = steps = 0
     for batch in loader:
         real = batch["sample_id"] >= 0  # -1 marks padding rows
@@ -31,6 +27,7 @@ def main() -> None:
         steps += 1
     print(f"{steps} batches, {rows} rows; last batch keys: {sorted(batch)}")
     print(f"input_ids {tuple(batch['input_ids'].shape)} {batch['input_ids'].dtype}, lengths {tuple(batch['input_ids_lengths'].shape)}")
+    print("checkpoint (the next epoch, from its start):", loader.state_dict()["history"])
 
 
 def write_demo_corpus() -> str:

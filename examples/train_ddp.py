@@ -24,7 +24,6 @@ import time
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader
 
 import streamshard as ss
 from streamshard.testing import write_corpus
@@ -61,7 +60,7 @@ def main() -> None:
     data = args.data or _shared_demo_corpus(rank)
 
     ds = ss.ParquetStream(data, columns=["input_ids", "label"], batch_size=args.batch_size, shuffle=True, seed=0)
-    loader = DataLoader(ds, batch_size=None, num_workers=args.num_workers, persistent_workers=args.num_workers > 0)
+    loader = ss.StreamLoader(ds, num_workers=args.num_workers, persistent_workers=args.num_workers > 0)
     model = DistributedDataParallel(TinyClassifier())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
@@ -69,16 +68,14 @@ def main() -> None:
     if args.resume:
         with open(args.resume) as f:
             state = json.load(f)
-        ds.load_state_dict(state)  # the same state serves every rank, whatever the world size
-        first_epoch = state["epoch"]
+        loader.load_state_dict(state)  # the same state serves every rank, whatever the world size
+        first_epoch = loader.epoch
 
     report = {"rank": rank, "world_size": world, "epochs": []}
     for epoch in range(first_epoch, args.epochs):
-        ds.set_epoch(epoch)
+        loader.set_epoch(epoch)  # keeps a resumed position in its own epoch
         steps, seen, start = 0, [], time.perf_counter()
         for batch in loader:
-            if args.stop_after is not None and steps == args.stop_after:
-                break
             real = batch["sample_id"] >= 0
             logits = model(batch["input_ids"], batch["input_ids_lengths"])
             losses = torch.nn.functional.cross_entropy(logits, batch["label"], reduction="none")
@@ -88,13 +85,15 @@ def main() -> None:
             optimizer.step()
             steps += 1
             seen.extend(batch["sample_id"][real].tolist())
+            if args.stop_after is not None and steps == args.stop_after:
+                break  # the loader's state counts exactly the batches trained on
         elapsed = time.perf_counter() - start
         report["epochs"].append({"epoch": epoch, "steps": steps, "sample_ids": seen, "seconds": elapsed})
         print(f"rank {rank}: epoch {epoch}: {steps} steps, {len(seen)} rows, {len(seen) / elapsed:,.0f} rows/s", flush=True)
         if args.stop_after is not None:
             if rank == 0 and args.save_state:
                 with open(args.save_state, "w") as f:
-                    json.dump(ds.state_dict(consumed_batches=steps, num_workers=args.num_workers), f)
+                    json.dump(loader.state_dict(), f)  # the loader counted the batches itself
             break
     dist.barrier()  # reaching this on every rank is the proof that nobody hung
     if args.report:

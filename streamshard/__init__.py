@@ -1,12 +1,13 @@
 """streamshard: stream Parquet into PyTorch, every sample to exactly one GPU, exactly once per epoch."""
 
 from .blend import BlendedStream
-from .blend_plan import BlendPlan, blend_length
+from .blend_plan import blend_length
 from .blend_schedule import BlendSchedule, blend_counts
 from .cache import ActivationCache, CacheStats, module_fingerprint
 from .catalog import Catalog
 from .dataset import ParquetStream
-from .errors import CatalogError, ConversionError, ReadError, StreamshardError
+from .errors import CatalogError, ConversionError, ReadError, StateError, StreamshardError
+from .loader import StreamLoader
 from .permutation import Permutation, mix_seed
 from .prefetch import DevicePrefetcher
 from .sampler import ElasticSampler
@@ -14,7 +15,6 @@ from .tensors import pad_lists
 
 __all__ = [
     "ActivationCache",
-    "BlendPlan",
     "BlendedStream",
     "BlendSchedule",
     "CacheStats",
@@ -26,6 +26,8 @@ __all__ = [
     "ParquetStream",
     "Permutation",
     "ReadError",
+    "StateError",
+    "StreamLoader",
     "StreamshardError",
     "blend_counts",
     "blend_length",

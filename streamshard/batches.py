@@ -1,40 +1,16 @@
-"""Assembling batches: Arrow tables with a ``sample_id`` column -> dicts of tensors, padding rows."""
+"""Batch assembly helpers: the ``sample_id`` column, padding rows, joining two batches."""
 
 from __future__ import annotations
 
-from typing import Collection, Iterator
+from typing import Collection
 
 import numpy as np
-import pyarrow as pa
 import torch
 
-from .tensors import Batch, BatchConverter
+from .tensors import Batch
 
 SAMPLE_ID = "sample_id"
-
-
-def rebatch(tables: Iterator[pa.Table], batch_size: int | None, count: int, convert: BatchConverter) -> Iterator[Batch]:
-    """Convert piece tables into ``count`` real batches (exactly ``batch_size`` rows each)."""
-    if batch_size is None:
-        for table, _ in zip(tables, range(count)):
-            yield as_batch(table, convert)
-        return
-    pending: pa.Table | None = None
-    emitted = 0
-    for table in tables:
-        pending = table if pending is None else pa.concat_tables([pending, table])
-        while pending.num_rows >= batch_size and emitted < count:
-            yield as_batch(pending.slice(0, batch_size), convert)
-            pending = pending.slice(batch_size)
-            emitted += 1
-    if emitted < count and pending is not None and pending.num_rows:
-        batch = as_batch(pending, convert)  # the short last batch, topped up with padding rows
-        yield concat(batch, padding_like(batch, batch_size - pending.num_rows, convert.ragged_keys))
-
-
-def as_batch(table: pa.Table, convert: BatchConverter) -> Batch:
-    ids = table.column(SAMPLE_ID).to_numpy()
-    return with_ids(convert(table.drop_columns([SAMPLE_ID])), ids)
+CORPUS = "corpus"  # blends: the corpus of each row; -1 on padding
 
 
 def with_ids(batch: Batch, ids: np.ndarray) -> Batch:
@@ -43,7 +19,7 @@ def with_ids(batch: Batch, ids: np.ndarray) -> Batch:
 
 
 def padding_like(batch: Batch, rows: int, ragged: Collection[str] = ()) -> Batch:
-    """``rows`` padding rows shaped like ``batch``: zeros, False, None, and sample_id -1.
+    """``rows`` padding rows shaped like ``batch``: zeros, False, None, and -1 for sample_id and corpus.
 
     ``ragged`` keys hold all rows' values end to end; padding rows (length 0) add none.
     """
@@ -55,7 +31,9 @@ def padding_like(batch: Batch, rows: int, ragged: Collection[str] = ()) -> Batch
             out[key] = value.new_zeros((rows,) + tuple(value.shape[1:]))
         else:
             out[key] = [None] * rows
-    out[SAMPLE_ID] = torch.full((rows,), -1, dtype=torch.int64)
+    for key in (SAMPLE_ID, CORPUS):
+        if key in batch:
+            out[key] = torch.full((rows,), -1, dtype=torch.int64)
     return out
 
 
@@ -73,6 +51,3 @@ def concat(a: Batch, b: Batch) -> Batch:
             out[key] = list(value) + list(other)
     return out
 
-
-def clone(batch: Batch) -> Batch:
-    return {k: v.clone() if isinstance(v, torch.Tensor) else list(v) for k, v in batch.items()}

@@ -1,46 +1,41 @@
-"""``BlendPlan`` and ``blend_length``: the pure arithmetic of a blend epoch (numpy, no I/O, no torch).
+"""The pure arithmetic of a blend epoch (numpy, no I/O, no torch).
 
-How long a blend epoch is, which positions each global worker owns, which corpus fills each row
-of each batch, and which stream rows of which corpus epoch a worker reads.
-:class:`~streamshard.blend.BlendedStream` reads those rows; this module never touches a file.
-
-The model:
-
-* One blend epoch is ``N`` samples (``num_samples``, or derived from ``stop``); corpus ``k``
-  gets exactly ``c_k = blend_counts(weights, N)[k]`` of them, laid out by the fair
-  :class:`~streamshard.blend_schedule.BlendSchedule`.
-* Each corpus is an endless sequence of its own epochs, corpus epoch ``E`` being the corpus's
-  stream order for ``(its seed, E)`` with ONE global worker. Blend epoch ``e`` takes samples
-  ``[e * c_k, (e + 1) * c_k)`` of that sequence: sample ``J`` is stream row ``J % L_k`` of corpus
-  epoch ``J // L_k`` (``L_k`` rows in the corpus). So every row appears exactly once per corpus
-  epoch, a corpus that yields fewer rows than its size continues where it stopped in the next
-  blend epoch (no row is starved), and a corpus that yields more cycles through freshly
-  reshuffled corpus epochs.
-* The ``N`` positions are cut into ``G = world_size * max(num_workers, 1)`` contiguous blocks
-  balanced like ``plan.py``. In the fair order each corpus's share of a block is a contiguous
-  range of its samples, so a worker reads one contiguous stretch of each corpus stream.
-* ``order="shuffled"`` keeps the blocks and their per-corpus totals and reads, and permutes the
-  corpus labels *within each worker's block* (a keyed permutation, so batch composition varies
-  like sampling without replacement). A globally shuffled interleave would scatter every
-  worker's reads over all of every corpus; this keeps reads sequential.
-* Every worker yields ``steps`` batches of ``batch_size`` rows; the short last one and any
-  extra ones are padded (``sample_id`` and ``corpus`` -1), like ``ParquetStream(uneven="pad")``.
+* One blend epoch is ``N`` *positions* (``num_samples``, or derived from ``stop`` by
+  :func:`blend_length`); corpus ``k`` gets exactly ``c_k = blend_counts(weights, N)[k]`` of them.
+* :class:`BlendMap` maps a position to ``(corpus, index)``: the fair
+  :class:`~streamshard.blend_schedule.BlendSchedule` (every prefix within 2 samples of each
+  share), or ``order="shuffled"``: inside each chunk of :data:`CHUNK` positions the corpus labels
+  are permuted by a (seed, epoch, chunk) key. In both orders each corpus's indices rise along the
+  positions, so any contiguous range of positions reads each corpus sequentially, and the map does
+  not depend on the topology.
+* Positions are planned exactly like rows of a dataset (``plan.py``): laid end to end in chunks,
+  cut into one contiguous block per global worker, batched, padded to equal steps; so resuming
+  and elastic resizing are the same arithmetic as for a ``ParquetStream``.
+* Each corpus is an endless sequence of its own epochs (its stream order for ``(its seed, E)``
+  with one global worker). Index ``j`` of blend epoch ``e`` is sample ``J = e * c_k + j`` of that
+  sequence: stream row ``J % L_k`` of corpus epoch ``J // L_k`` (``L_k`` rows). Every row appears
+  once per corpus epoch; a corpus with fewer samples than rows continues where it stopped in the
+  next blend epoch, one with more cycles through freshly reshuffled corpus epochs.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Iterator
 
 import numpy as np
 
-from .blend_schedule import ORDERS, BlendSchedule, blend_counts
+from .batch_plan import BatchSpec, Read, Schedule, StreamSchedule, occurrence_rank
+from .blend_schedule import BlendSchedule, blend_counts
 from .permutation import Permutation, mix_seed
+from .plan import EpochPlan, Layout, PlanConfig
 
-__all__ = ["BlendPlan", "blend_length"]
+__all__ = ["BlendMap", "BlendBatches", "blend_length", "position_layout"]
 
 STOPS = ("all_exhausted", "first_exhausted")
-_WITHIN_BLOCK_TAG = 0x424C4B5348  # ASCII "BLKSH": the within-block shuffle's own seed domain
-_COUNT_CHUNK = 1 << 16  # positions per vector op when counting labels to resume a shuffled block
+CHUNK = 1 << 16  # positions whose corpus labels a shuffled blend permutes together
+_MAX_CHUNKS = 1 << 20
+_CHUNK_TAG = 0x424C4B5348  # ASCII "BLKSH": the shuffled order's own seed domain
 
 
 def _scaled_weights(weights: np.ndarray) -> tuple[list[int], int]:
@@ -57,8 +52,7 @@ def blend_length(weights: Any, sizes: Any, stop: str = "all_exhausted") -> int:
     ``"all_exhausted"``: the smallest N giving every positive-weight corpus at least its size;
     ``"first_exhausted"``: the largest N giving no corpus more than its size. Counts are
     ``blend_counts(weights, N)``; since largest-remainder apportionment is not monotone in N,
-    the answer is found by a scan between exact integer bounds (about ``sum(w) / min(w)`` steps
-    at worst, usually a handful).
+    the answer is found by a scan between exact integer bounds (a handful of steps, usually).
     """
     if stop not in STOPS:
         raise ValueError(f"stop must be one of {STOPS}, got {stop!r}")
@@ -84,101 +78,138 @@ def blend_length(weights: Any, sizes: Any, stop: str = "all_exhausted") -> int:
     return candidates[-1]  # unreachable: the last candidate satisfies the rule by construction
 
 
-class BlendPlan:
-    """Pure plan of one blend epoch for ``num_workers`` global workers (see the module docstring).
+def chunk_size(num_samples: int) -> int:
+    return max(CHUNK, -(-num_samples // _MAX_CHUNKS))
 
-    ``weights`` and ``sizes`` are per corpus (same order); the plan never touches a file.
-    """
 
-    def __init__(self, weights: Any, sizes: Any, num_samples: int, batch_size: int, num_workers: int,
-                 epoch: int = 0, seed: int = 0, order: str = "fair") -> None:
-        if order not in ORDERS:
-            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-        if num_workers < 1 or batch_size < 1 or epoch < 0:
-            raise ValueError(f"need num_workers >= 1, batch_size >= 1, epoch >= 0; got "
-                             f"{num_workers}, {batch_size}, {epoch}")
-        self.schedule = BlendSchedule(weights, num_samples)  # fair; "shuffled" is applied per block
-        self.sizes = np.asarray(sizes, dtype=np.int64)
+def position_layout(num_samples: int) -> Layout:
+    """The positions of a blend epoch as a layout of chunks (one "file"), for ``plan.py``."""
+    size = chunk_size(num_samples)
+    full, rest = divmod(num_samples, size)
+    rows = np.full(full + (rest > 0), size, dtype=np.int64)
+    if rest:
+        rows[-1] = rest
+    return Layout(rows, np.zeros(len(rows), dtype=np.int64))
+
+
+def position_config(batch_size: int) -> PlanConfig:
+    """Positions are never reordered by the plan itself: the blend map owns the order."""
+    return PlanConfig(unit="row_group", shuffle=False, batch_size=batch_size, uneven="pad")
+
+
+class BlendMap:
+    """Blend positions of one epoch -> ``(corpus, index)``; see the module docstring."""
+
+    def __init__(self, weights: Any, num_samples: int, order: str, seed: int, epoch: int) -> None:
+        self.schedule = BlendSchedule(weights, num_samples)
         self.counts = self.schedule.counts
-        empty = np.flatnonzero((self.counts > 0) & (self.sizes == 0))
-        if empty.size:
-            raise ValueError(f"corpus {int(empty[0])} has no rows but its weight gives it "
-                             f"{int(self.counts[empty[0]])} of {num_samples} samples")
-        self.num_samples, self.batch_size, self.num_workers = int(num_samples), int(batch_size), int(num_workers)
-        self.epoch, self.seed, self.order = int(epoch), int(seed), order
-        self._perm: tuple[int, Permutation] | None = None
+        self.order, self.seed, self.epoch = order, seed, epoch
+        self.chunk = chunk_size(num_samples)
+        self._memo: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
 
-    def block_bounds(self, worker: int) -> tuple[int, int]:
-        """Positions ``[begin, end)`` of the fair schedule owned by global worker ``worker``."""
-        if not 0 <= worker < self.num_workers:
-            raise ValueError(f"worker must be in [0, {self.num_workers}), got {worker}")
-        base, rem = divmod(self.num_samples, self.num_workers)
-        begin = worker * base + min(worker, rem)
-        return begin, begin + base + (worker < rem)
+    def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.order == "fair" or len(positions) == 0:
+            return self.schedule.lookup(positions)
+        corpus, index = np.empty_like(positions), np.empty_like(positions)
+        chunks = positions // self.chunk
+        for c in np.unique(chunks).tolist():
+            mask = chunks == c
+            labels, rank, first = self._chunk(c)
+            local = positions[mask] - c * self.chunk
+            corpus[mask] = labels[local]
+            index[mask] = first[labels[local]] + rank[local]
+        return corpus, index
 
-    @property
-    def steps(self) -> int:
-        """Batches every worker yields (the largest block's batch count; the rest pad)."""
-        largest_block = -(-self.num_samples // self.num_workers)
-        return -(-largest_block // self.batch_size)
+    def _chunk(self, c: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._memo is None or self._memo[0] != c:
+            lo = c * self.chunk
+            n = min(self.chunk, self.schedule.num_samples - lo)
+            perm = Permutation(n, mix_seed(_CHUNK_TAG, self.seed, self.epoch, c))
+            labels = self.schedule.lookup(lo + np.asarray(perm[np.arange(n, dtype=np.int64)], dtype=np.int64))[0]
+            self._memo = (c, labels, occurrence_rank(labels), self.schedule.prefix_counts(lo))
+        return self._memo[1], self._memo[2], self._memo[3]
 
-    def real_batches(self, worker: int) -> int:
-        """Batches of ``worker`` that hold at least one real row."""
-        begin, end = self.block_bounds(worker)
-        return -(-(end - begin) // self.batch_size)
 
-    def corpus_ranges(self, worker: int, skip: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per corpus: the block's blend-index range ``[first, last)`` and where reading starts
-        after the worker's first ``skip`` batches."""
-        begin, end = self.block_bounds(worker)
-        first, last = self.schedule.prefix_counts(begin), self.schedule.prefix_counts(end)
-        done = min(begin + skip * self.batch_size, end)
-        if self.order == "fair":
-            return first, last, self.schedule.prefix_counts(done)
-        start = first.copy()
-        for lo in range(begin, done, _COUNT_CHUNK):  # a shuffled block's prefix must be counted
-            corpus = self._labels(begin, end, np.arange(lo - begin, min(lo + _COUNT_CHUNK, done) - begin))
-            start += np.bincount(corpus, minlength=len(start))
-        return first, last, start
+class CorpusOrder:
+    """Where corpus sample ``J`` (over its endless sequence of epochs) lives: row group and row."""
 
-    def batches(self, worker: int, skip: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """``(corpus, blend index)`` of each real row of ``worker``'s batches, from batch ``skip``.
+    def __init__(self, layout: Layout, config: PlanConfig) -> None:
+        self.layout, self.config = layout, config
+        self.size = int(layout.rg_rows.sum())
+        self._plan = lru_cache(maxsize=4)(lambda e: EpochPlan(layout, config, e, 1))
 
-        Within a block each corpus's indices rise by one at a time, so rows are read in order."""
-        begin, end = self.block_bounds(worker)
-        counters = self.corpus_ranges(worker, skip)[2].copy()
-        for s in range(skip, self.real_batches(worker)):
-            local = np.arange(s * self.batch_size, min((s + 1) * self.batch_size, end - begin), dtype=np.int64)
-            if self.order == "fair":
-                yield self.schedule.lookup(begin + local)
-                continue
-            corpus = self._labels(begin, end, local)
-            by_corpus = np.argsort(corpus, kind="stable")
-            sorted_c = corpus[by_corpus]
-            group_start = np.searchsorted(sorted_c, sorted_c, side="left")
-            index = np.empty_like(corpus)
-            index[by_corpus] = counters[sorted_c] + np.arange(len(corpus)) - group_start
-            counters += np.bincount(corpus, minlength=len(counters))
-            yield corpus, index
+    def locate(self, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(corpus epoch, row group, row)`` of each sample (rising samples: sequential reads)."""
+        epoch, stream_row = np.divmod(samples, self.size)
+        rg, row = np.empty_like(samples), np.empty_like(samples)
+        for e in np.unique(epoch).tolist():
+            mask = epoch == e
+            plan = self._plan(e)
+            ends = plan.ends
+            piece = np.searchsorted(ends, stream_row[mask], side="right")
+            position = plan.stream.lo[piece] + stream_row[mask] - (ends[piece] - plan.stream.rows[piece])
+            rg[mask] = plan.stream.rg[piece]
+            row[mask] = plan.rows_at(plan.stream.rg[piece], position)
+        return epoch, rg, row
 
-    def segments(self, corpus: int, start: int, last: int) -> list[tuple[int, int, int]]:
-        """Blend indices ``[start, last)`` of ``corpus`` as ``(corpus_epoch, begin, end)`` ranges of
-        stream rows, one per corpus epoch they touch."""
-        size, offset = int(self.sizes[corpus]), self.epoch * int(self.counts[corpus])
-        out = []
-        j = offset + start
-        while j < offset + last:
-            corpus_epoch, row = divmod(j, size)
-            stop = min(offset + last, (corpus_epoch + 1) * size)
-            out.append((corpus_epoch, row, stop - corpus_epoch * size))
-            j = stop
-        return out
 
-    def _labels(self, begin: int, end: int, local: np.ndarray) -> np.ndarray:
-        """Corpus of each local position of the block ``[begin, end)`` in the shuffled order."""
-        n = end - begin
-        if n > 1:
-            if self._perm is None or self._perm[0] != begin:  # one permutation per block, built once
-                self._perm = (begin, Permutation(n, mix_seed(_WITHIN_BLOCK_TAG, self.seed, self.epoch, begin, n)))
-            local = np.asarray(self._perm[1][local])
-        return self.schedule.lookup(begin + local)[0]
+class BlendBatches(Schedule):
+    """A worker's blend batches: its schedule of positions, each position read from its corpus."""
+
+    def __init__(self, positions: StreamSchedule, blend: BlendMap, corpora: list[CorpusOrder]) -> None:
+        self.positions, self.blend, self.corpora = positions, blend, corpora
+        self.steps, self.real_batches = positions.steps, positions.real_batches
+        self._keys: dict[tuple[int, int, int], int] = {}
+
+    def batch(self, index: int) -> BatchSpec:
+        spec = self.positions.batch(index)
+        if not spec.rows:
+            return spec
+        corpus, blend_index = self.blend.locate(spec.sample_id)
+        n = len(corpus)
+        key, row, sample_id = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+        reads: dict[int, Read] = {}
+        for k in np.unique(corpus).tolist():
+            mask = corpus == k
+            order = self.corpora[k]
+            samples = self.blend.epoch * int(self.blend.counts[k]) + blend_index[mask]
+            epoch, rg, rows = order.locate(samples)
+            ids = []
+            for e, g in zip(epoch.tolist(), rg.tolist()):
+                ids.append(self._keys.setdefault((k, e, g), len(self._keys)))
+            key[mask] = ids
+            row[mask] = rows
+            sample_id[mask] = order.layout.rg_first_id[rg] + rows
+            for kid, g in zip(ids, rg.tolist()):
+                reads.setdefault(kid, Read(k, g))
+        first_use = sorted(reads, key=lambda kid: int(np.argmax(key == kid)))
+        return BatchSpec(index, {kid: reads[kid] for kid in first_use}, key, row, sample_id, spec.padding,
+                         corpus=corpus)
+
+    def batches(self, start: int = 0) -> Iterator[BatchSpec]:
+        """Specs in order, each naming the reads no later batch needs: a corpus is read in order, so a
+        read is finished once a batch uses a later read of the same corpus."""
+        open_reads: dict[int, set[int]] = {}
+        for index in range(start, self.steps):
+            spec = self.batch(index)
+            used: dict[int, set[int]] = {}
+            for kid, what in spec.reads.items():
+                used.setdefault(what.source, set()).add(kid)
+            done: list[int] = []
+            for source, kids in used.items():
+                done.extend(open_reads.get(source, set()) - kids)
+                open_reads[source] = kids
+            yield BatchSpec(spec.index, spec.reads, spec.read, spec.row, spec.sample_id, spec.padding,
+                            tuple(sorted(set(done))), spec.corpus)
+
+    def shape_donor(self) -> BatchSpec | None:
+        if self.real_batches > 0:
+            return self.batch(self.real_batches - 1)
+        k = int(np.flatnonzero(self.blend.counts)[0]) if self.blend.counts.any() else None
+        if k is None:
+            return None
+        order = self.corpora[k]
+        _, rg, row = order.locate(np.zeros(1, dtype=np.int64))
+        rows = self.positions.plan.config.batch_size or 1
+        return BatchSpec(-1, {0: Read(k, int(rg[0]))}, np.zeros(1, np.int64), row,
+                         order.layout.rg_first_id[rg] + row, rows - 1, corpus=np.full(1, k, np.int64))

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .plan import EpochPlan, Layout, PlanConfig, Pieces
+from .batch_plan import PieceBatches
+from .plan import EpochPlan, Layout, PlanConfig
 
 
 class CanonicalPlan:
@@ -56,23 +57,12 @@ class CanonicalPlan:
         of_phase = np.arange(phase, self.partitions, self.n)
         return of_phase[rank * self.per_worker : (rank + 1) * self.per_worker]
 
-    def batch_pieces(self, owned: np.ndarray, i: int) -> Pieces:
-        """The pieces of batch ``i`` of a worker owning ``owned``: micro-batch ``i`` of each, in order."""
-        parts = []
-        for p in owned.tolist():
-            lo = min(i * self.micro, int(self.rows[p]))
-            hi = min(lo + self.micro, int(self.rows[p]))
-            if hi > lo:
-                parts.append(self.stream.pieces_in(int(self.begin[p]) + lo, int(self.begin[p]) + hi))
-        return Pieces.concat(parts)
+    def schedule(self, partitions: np.ndarray) -> PieceBatches:
+        """The batches of a worker owning ``partitions``: batch ``i`` is micro-batch ``i`` of each."""
+        ranges = [(int(self.begin[p]), int(self.rows[p])) for p in partitions.tolist()]
+        return PieceBatches(self.stream, ranges, self.micro, self.micro * len(ranges), self.steps)
 
     def global_step_ids(self, j: int) -> np.ndarray:
         """Sample ids of global step ``j`` (all ranks' batch ``j``): the invariant this plan keeps."""
-        phase = j % self.n
-        every_rank = np.arange(phase, self.partitions, self.n)
-        return self.ids(self.batch_pieces(every_rank, j // self.n))
-
-    def ids(self, pieces: Pieces) -> np.ndarray:
-        first = self.stream.layout.rg_first_id
-        out = [first[rg] + self.stream.row_positions(rg, lo, hi) for rg, lo, hi in zip(pieces.rg, pieces.lo, pieces.hi)]
-        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+        every_rank = np.arange(j % self.n, self.partitions, self.n)
+        return self.schedule(every_rank).batch(j // self.n).sample_id

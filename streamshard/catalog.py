@@ -26,6 +26,7 @@ from . import collective
 from .catalog_cache import CatalogCache, FileEntry, footer_from_dict, footer_to_dict
 from .errors import CatalogError
 from .plan import Layout
+from .state import catalog_digest
 from .footer import FooterError, chunk_ranges, parse_footer, tail_range
 from .retry import RetriesExhausted, RetryPolicy, call_with_retry, describe
 from .storage import FileSystems, check_short_read
@@ -109,6 +110,11 @@ class Catalog:
             f"Catalog({self.num_files} files, {self.num_row_groups} row groups, "
             f"{self.num_rows} rows, columns={self.columns})"
         )
+
+    @cached_property
+    def digest(self) -> str:
+        """A short hash of the files, their sizes and row-group layout: what sample ids depend on."""
+        return catalog_digest(self.urls, self.file_sizes, self.rg_file, self.rg_rows)
 
     def projected_bytes(self) -> int:
         """Bytes of the projected column chunks of every row group (what one epoch fetches)."""

@@ -2,7 +2,7 @@
 
     streamshard inspect URL...   files, row groups, bytes, schema -> tensors, warnings
     streamshard plan URL...      rows, batches and padding per global worker for a topology
-    streamshard bench URL...     stream one epoch through ParquetStream + DataLoader, timed
+    streamshard bench URL...     stream one epoch through ParquetStream + StreamLoader, timed
 
 Every subcommand takes ``--json`` (stable keys, for scripts) and ``--storage-options`` (JSON text
 or ``@file.json``). Expected failures print one line, ``streamshard: error: ...``, and exit 1
@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--show", type=_non_negative, default=8, help="workers listed before summarising (default 8)")
     plan.set_defaults(run=run_plan, render=render_plan)
 
-    bench = sub.add_parser("bench", help="stream one epoch through ParquetStream + DataLoader and time it")
+    bench = sub.add_parser("bench", help="stream one epoch through ParquetStream + StreamLoader and time it")
     _common(bench)
     bench.add_argument("--num-workers", type=_non_negative, default=2)
     bench.add_argument("--batch-size", type=_positive, default=None)

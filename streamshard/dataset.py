@@ -1,45 +1,47 @@
 """``ParquetStream``: an ``IterableDataset`` that gives every row to exactly one global worker.
 
-Each DataLoader worker computes its own plan from the same inputs (catalog, seed, epoch,
-topology), so workers and ranks agree without talking to each other. Nothing is opened in
-``__init__``: the footers are read on first use of the catalog, the data files in ``__iter__``.
+A thin adapter: the pure planner (``plan.py``, ``batch_plan.py``, ``resume.py``) decides every
+batch; ``delivery.py`` reads and converts it. Each DataLoader worker computes its own schedule
+from the same inputs (catalog, seed, epoch, topology), so workers and ranks agree without talking
+to each other. Nothing is opened in ``__init__``: the footers are read on first use of the
+catalog, the data files in ``__iter__``.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import pickle
 import warnings
-from collections import OrderedDict
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
-import torch
-from torch.utils.data import IterableDataset
 
-from .batches import SAMPLE_ID, as_batch, clone, concat, padding_like, rebatch, with_ids
+from .batch_plan import Read, StreamSchedule
 from .canonical import CanonicalPlan
 from .catalog import Catalog
+from .delivery import DeliveryStats, deliver
 from .errors import ReadError
-from .elastic import STATE_VERSION, Segment, resume_plan, worker_batches_delivered
-from .plan import EpochPlan, Layout, PlanConfig, Pieces, interleave_index, skip_rows
-from .reader import RowGroupReader, read_ahead
+from .plan import EpochPlan, Layout, PlanConfig
+from .reader import RowGroupReader
+from .resume import Planner, Start
+from .stream_base import PlannedStream
 from .tensors import LIST_FORMATS, Batch, BatchConverter
-from .topology import Topology, distributed_rank_world, current_worker, resolve_rank_world
+from .topology import Topology, distributed_rank_world, resolve_rank_world
+from .validate import check_int
 
 log = logging.getLogger("streamshard")
 
 
-class ParquetStream(IterableDataset):
+class ParquetStream(PlannedStream):
     """Stream Parquet files (any fsspec URL, directory or glob) as batches of tensors.
 
     Every batch is a ``dict[str, torch.Tensor]`` (strings stay Python lists) with an int64
-    ``sample_id``: the row's global index in catalog order, or -1 for a padding row. Use it as
-    ``DataLoader(ds, batch_size=None, num_workers=N)``; with ``uneven="pad"`` every global
-    worker (``rank * num_workers + worker_id``) yields the same number of batches, so DDP
-    never waits on a rank that ran dry.
+    ``sample_id``: the row's global index in catalog order, or -1 for a padding row. Iterate it
+    with ``ss.StreamLoader(ds, num_workers=N)``, which also keeps the checkpoint, or with
+    ``DataLoader(ds, batch_size=None, num_workers=N)``; with ``uneven="pad"`` every global worker
+    (``rank * num_workers + worker_id``) yields the same number of batches, so DDP never waits on
+    a rank that ran dry.
 
     Args:
         paths: a file, directory or glob, or a list of them; any fsspec URL.
@@ -49,24 +51,18 @@ class ParquetStream(IterableDataset):
         unit: what is shuffled and kept together: "row_group" or "file". Work is always
             balanced by rows; a unit may be split between two neighbouring workers.
         shuffle, seed: permute units and rows within each piece, deterministically per
-            (seed, epoch); call ``set_epoch`` every epoch.
+            (seed, epoch).
         uneven: "pad" (padding batches, sample_id -1) or "drop" (every worker truncated to the
             smallest count; ``epoch_summary`` reports the dropped rows and a warning is logged).
         rank, world_size: default to torch.distributed, then RANK/WORLD_SIZE, then 0/1.
         storage_options: passed to fsspec (credentials, endpoint_url, ...).
         transform: called on each batch inside the worker (padding batches included).
-        read_ahead: row-group slices read in the background ahead of the one being consumed.
+        read_ahead: row groups read in the background ahead of the one being consumed.
         shuffle_window: with shuffle, interleave the rows of this many consecutive pieces of a
             worker at random (no extra I/O; a worker then holds that many row groups at once).
-        partitions: canonical partitions for a topology-independent order (see ``canonical.py``):
-            the rows of each global step are the same for every world size W with
-            W * num_workers dividing ``partitions``, given the same global batch
-            (``batch_size * W``) and ``num_workers``. Needs an int ``batch_size``.
-        catalog_cache: a directory where the catalog is cached (JSON); files whose size and
-            ETag/mtime are unchanged are not read again. None: no cache.
-        lists: "padded" (variable-length list columns as 2-D tensors + lengths) or "flat"
-            (1-D values of all rows + lengths; ``ss.pad_lists`` pads them later, e.g. on the
-            GPU: fewer bytes between DataLoader workers and the main process).
+        partitions: canonical partitions for a topology-independent order (see ``canonical.py``).
+        catalog_cache: a directory where the catalog is cached (JSON). None: no cache.
+        lists: "padded" (list columns as 2-D tensors + lengths) or "flat" (1-D values + lengths).
     """
 
     def __init__(
@@ -88,10 +84,7 @@ class ParquetStream(IterableDataset):
         catalog_cache: str | None = None,
         lists: str = "padded",
     ) -> None:
-        super().__init__()
-        if isinstance(paths, (list, tuple)):
-            if not paths or not all(isinstance(p, str) for p in paths):
-                raise ValueError(f"paths must be a non-empty str or list of str, got {paths!r}")
+        if isinstance(paths, (list, tuple)) and paths and all(isinstance(p, str) and p for p in paths):
             self.paths: list[str] = list(paths)
         elif isinstance(paths, str) and paths:
             self.paths = [paths]
@@ -101,33 +94,26 @@ class ParquetStream(IterableDataset):
             raise ValueError(f"columns must be a list of column names or None, got {columns!r}")
         if transform is not None and not callable(transform):
             raise ValueError(f"transform must be callable, got {transform!r}")
-        if not isinstance(read_ahead, int) or read_ahead < 0:
-            raise ValueError(f"read_ahead must be an int >= 0, got {read_ahead!r}")
-        self.columns = list(columns) if columns is not None else None
-        self.config = PlanConfig(
-            unit=unit, shuffle=bool(shuffle), seed=seed, batch_size=batch_size, uneven=uneven, shuffle_window=shuffle_window
-        )
-        if partitions is not None and (isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1):
-            raise ValueError(f"partitions must be a positive int or None, got {partitions!r}")
-        if partitions is not None and (batch_size is None or shuffle_window != 1):
-            raise ValueError("partitions= needs an int batch_size and shuffle_window=1")
-        self.partitions = partitions
-        self._topology_given = rank is not None and world_size is not None
-        self.rank, self.world_size = resolve_rank_world(rank, world_size)
-        self._warned: set[str] = set()
-        self.storage_options = dict(storage_options or {})
-        self.transform = transform
-        self.read_ahead = read_ahead
-        self.catalog_cache = catalog_cache
         if lists not in LIST_FORMATS:
             raise ValueError(f"lists must be one of {LIST_FORMATS}, got {lists!r}")
+        self.read_ahead = check_int(read_ahead, "read_ahead", 0, 64)
+        self.partitions = check_int(partitions, "partitions", 1, none_ok=True)
+        if partitions is not None and (batch_size is None or shuffle_window != 1):
+            raise ValueError("partitions= needs an int batch_size and shuffle_window=1")
+        self.columns = list(columns) if columns is not None else None
+        self.config = PlanConfig(unit=unit, shuffle=bool(shuffle), seed=seed, batch_size=batch_size, uneven=uneven,
+                                 shuffle_window=shuffle_window)
+        super().__init__()
+        self._topology_given = rank is not None and world_size is not None
+        self.rank, self.world_size = resolve_rank_world(rank, world_size)
+        self.storage_options = dict(storage_options or {})
+        self.transform = transform
+        self.catalog_cache = catalog_cache
         self.lists = lists
+        self.stats_hook: Callable[[DeliveryStats], None] | None = None
+        self._warned: set[str] = set()
         self._catalog: Catalog | None = None
         self._converter: BatchConverter | None = None  # derived from the catalog; not pickled
-        # Shared memory, so set_epoch reaches persistent DataLoader workers too.
-        self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
-        self._resume: dict[str, Any] | None = None  # a loaded state, applied to iterations of its epoch
-        self._progress: dict[str, Any] | None = None  # what this object's current iteration delivered
 
     # -- epoch and catalog --------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -136,15 +122,114 @@ class ParquetStream(IterableDataset):
         Called in the main process before iterating, it also reads the footers the first time,
         so DataLoader workers inherit the catalog instead of each reading every footer again.
         """
-        if not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
-        self._epoch.fill_(int(epoch))
+        super().set_epoch(epoch)
         self.converter  # noqa: B018 - builds the catalog and checks the column types once
         # pyarrow imports pandas (when installed) on its first pa.array() in a process, ~0.2-0.5 s;
         # paying it here once lets forked DataLoader workers inherit the import instead of each paying it.
         pa.array(np.zeros(1, dtype=np.int64))
         self._warn_about_traps()
 
+    @property
+    def catalog(self) -> Catalog:
+        """The files and row groups, read from the footers on first access (then kept)."""
+        if self._catalog is None:
+            catalog = Catalog.build(self.paths, self.columns, self.storage_options, cache_dir=self.catalog_cache)
+            self._converter = BatchConverter(catalog.schema, source=catalog.urls[0], lists=self.lists)
+            self._catalog = catalog
+        return self._catalog
+
+    @property
+    def converter(self) -> BatchConverter:
+        """How this dataset's columns become tensors (checked against the schema on first use)."""
+        if self._converter is None:
+            self._converter = BatchConverter(self.catalog.schema, source=self.catalog.urls[0], lists=self.lists)
+        return self._converter
+
+    @property
+    def layout(self) -> Layout:
+        return self.catalog.layout
+
+    @property
+    def planner(self) -> Planner:
+        return Planner(self.layout, self.config, self.partitions)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Spawned DataLoader workers receive a pickled copy: plain data only, no closures or handles.
+        return {**self.__dict__, "_converter": None}
+
+    def epoch_plan(self, num_workers: int = 0, epoch: int | None = None) -> EpochPlan:
+        """The plan of a whole epoch for this dataset's world size and ``num_workers`` DataLoader workers."""
+        topology = Topology(0, self.world_size, 0, num_workers)
+        return EpochPlan(self.layout, self.config, self.epoch if epoch is None else epoch, topology.num_global_workers)
+
+    def canonical_plan(self, num_workers: int = 0, epoch: int | None = None) -> CanonicalPlan:
+        """The canonical-order plan of an epoch (only with ``partitions=``)."""
+        if self.partitions is None:
+            raise ValueError("canonical_plan needs partitions=")
+        epoch = self.epoch if epoch is None else epoch
+        return CanonicalPlan(self.layout, self.config, epoch, self.partitions, self.world_size, num_workers)
+
+    def epoch_summary(self, num_workers: int = 0, epoch: int | None = None) -> dict[str, Any]:
+        """Steps, rows, padding and dropped rows of an epoch (what ``uneven`` costs)."""
+        plan = self.epoch_plan(num_workers, epoch)
+        real = np.minimum(plan.batches_per_worker(), plan.steps)
+        return {
+            "epoch": plan.epoch,
+            "global_workers": plan.num_workers,
+            "rows": plan.total_rows,
+            "steps_per_worker": plan.steps,
+            "padding_batches": int((plan.steps - real).sum()),
+            "dropped_rows": plan.dropped_rows(),
+        }
+
+    # -- checkpoint state ---------------------------------------------------------------------
+    def fingerprint(self) -> dict[str, Any]:
+        """Everything that decides which rows an epoch delivers in which order (reads the footers)."""
+        catalog = self.catalog
+        # With partitions= the order depends on the global batch, so the per-rank size may change with the world.
+        batch = ("batch_size", self.config.batch_size) if self.partitions is None else (
+            "global_batch_size", self.config.batch_size * self.world_size)
+        return {
+            "catalog": catalog.digest, "files": catalog.num_files, "rows": catalog.num_rows,
+            "columns": self.columns, batch[0]: batch[1], "unit": self.config.unit,
+            "shuffle": self.config.shuffle, "seed": self.config.seed, "shuffle_window": self.config.shuffle_window,
+            "uneven": self.config.uneven, "partitions": self.partitions,
+        }
+
+    # -- iteration ----------------------------------------------------------------------------
+    def _before_pass(self, start: Start, worker_id: int, num_workers: int) -> None:
+        if worker_id == 0:
+            self._warn_about_traps(num_workers)
+        if isinstance(start.schedule, StreamSchedule) and start.schedule.worker == 0:
+            plan = start.schedule.plan
+            if self.config.uneven == "drop" and plan.dropped_rows():
+                log.warning("uneven='drop' leaves out %d of %d rows in epoch %d", plan.dropped_rows(), plan.total_rows,
+                            plan.epoch)
+
+    def _deliver(self, start: Start) -> Iterator[Any]:
+        reader = RowGroupReader.from_catalog(self.catalog, self.storage_options)
+        stats = DeliveryStats(reader.stats) if self.stats_hook is not None else None
+        try:
+            read = lambda what: self._read(reader, what)  # noqa: E731
+            for batch in deliver(start.schedule, start.start, read, self.converter, self.read_ahead, stats):
+                if stats is not None and self.stats_hook is not None:
+                    self.stats_hook(stats)
+                yield batch if self.transform is None else self.transform(batch)
+        finally:
+            reader.close()
+
+    def _read(self, reader: RowGroupReader, what: Read) -> pa.Table:
+        catalog = self.catalog
+        file_index, index = int(catalog.rg_file[what.rg]), int(catalog.rg_index[what.rg])
+        table = reader.read(file_index, index)
+        if table.num_rows != catalog.rg_rows[what.rg]:
+            raise ReadError(
+                f"{catalog.urls[file_index]}: row group {index} has {table.num_rows} rows but its footer said "
+                f"{int(catalog.rg_rows[what.rg])}; did the file change?"
+            )
+        return table
+
+    # -- warnings -----------------------------------------------------------------------------
     def _warn_about_traps(self, num_workers: int | None = None) -> None:
         """Warn (once each) about set-ups that work here but fail or waste time elsewhere."""
         if not self._topology_given:
@@ -183,363 +268,3 @@ class ParquetStream(IterableDataset):
             self._warned.add(key)
             warnings.warn(message, stacklevel=3)
             log.warning(message)
-
-    @property
-    def epoch(self) -> int:
-        return int(self._epoch.item())
-
-    @property
-    def catalog(self) -> Catalog:
-        """The files and row groups, read from the footers on first access (then kept)."""
-        if self._catalog is None:
-            catalog = Catalog.build(self.paths, self.columns, self.storage_options, cache_dir=self.catalog_cache)
-            self._converter = BatchConverter(catalog.schema, source=catalog.urls[0], lists=self.lists)
-            self._catalog = catalog
-        return self._catalog
-
-    @property
-    def converter(self) -> BatchConverter:
-        """How this dataset's columns become tensors (checked against the schema on first use)."""
-        if self._converter is None:
-            self._converter = BatchConverter(self.catalog.schema, source=self.catalog.urls[0], lists=self.lists)
-        return self._converter
-
-    def __getstate__(self) -> dict[str, Any]:
-        # Spawned DataLoader workers receive a pickled copy: plain data only, no closures or handles.
-        return {**self.__dict__, "_converter": None}
-
-    @property
-    def layout(self) -> Layout:
-        return self.catalog.layout
-
-    def epoch_plan(self, num_workers: int = 0, epoch: int | None = None) -> EpochPlan:
-        """The plan of a whole epoch for this dataset's world size and ``num_workers`` DataLoader workers."""
-        topology = Topology(0, self.world_size, 0, num_workers)
-        return EpochPlan(self.layout, self.config, self.epoch if epoch is None else epoch, topology.num_global_workers)
-
-    # -- resume ---------------------------------------------------------------------------------
-    def state_dict(self, consumed_batches: int | None = None, num_workers: int | None = None) -> dict[str, Any]:
-        """A small JSON-serialisable state to resume this epoch from.
-
-        * ``state_dict()`` is this object's own progress. Inside a DataLoader worker (as
-          torchdata's ``StatefulDataLoader`` calls it) that is the worker's progress; with
-          ``num_workers=0`` it is the rank's. It resumes on the same topology.
-        * ``state_dict(consumed_batches=k, num_workers=N)``, called anywhere, describes a rank
-          whose ``DataLoader(num_workers=N)`` delivered ``k`` batches since this epoch's iteration
-          began (after the last ``load_state_dict``). The same state serves every rank, and it
-          resumes on any world size and worker count (elastic), each remaining row exactly once.
-        """
-        epoch = self.epoch
-        if consumed_batches is None:
-            progress = self._progress if self._progress and self._progress["epoch"] == epoch else None
-            if progress is None:
-                return self._rank_state(0, 0) if self._resume is None else dict(self._resume)
-            if progress["num_workers"] == 0:
-                return self._rank_state(progress["delivered"] - progress["skip"], 0)
-            return {
-                **self._state_header(progress["history"]),
-                "kind": "worker",
-                "world_size": self.world_size,
-                "num_workers": progress["num_workers"],
-                "rank": self.rank,
-                "worker_id": progress["worker_id"],
-                "role": progress["role"],
-                "batches": progress["delivered"],
-            }
-        if isinstance(consumed_batches, bool) or not isinstance(consumed_batches, (int, np.integer)) or consumed_batches < 0:
-            raise ValueError(f"consumed_batches must be an int >= 0, got {consumed_batches!r}")
-        return self._rank_state(int(consumed_batches), int(num_workers or 0))
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from a ``state_dict``: the next iteration of its epoch continues where it stopped."""
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            raise ValueError(f"not a streamshard state (version {STATE_VERSION} expected): {state!r:.200}")
-        if state["seed"] != self.config.seed or state["shuffle"] != self.config.shuffle:
-            raise ValueError(
-                f"state was saved with seed={state['seed']}, shuffle={state['shuffle']}; this dataset has "
-                f"seed={self.config.seed}, shuffle={self.config.shuffle}, so the order would differ"
-            )
-        if state.get("partitions") != self.partitions:
-            raise ValueError(f"state was saved with partitions={state.get('partitions')}, this dataset has {self.partitions}")
-        if state["rows"] != self.catalog.num_rows or state["files"] != self.catalog.num_files:
-            raise ValueError(
-                f"state was saved for {state['files']} files / {state['rows']} rows; these paths have "
-                f"{self.catalog.num_files} files / {self.catalog.num_rows} rows"
-            )
-        self._resume = dict(state)
-        self._progress = None
-        self._epoch.fill_(int(state["epoch"]))
-
-    @property
-    def _active_resume(self) -> dict[str, Any] | None:
-        """The loaded state, if it belongs to the current epoch (a state applies to its epoch only)."""
-        return self._resume if self._resume and self._resume["epoch"] == self.epoch else None
-
-    def _state_header(self, history: list[Segment]) -> dict[str, Any]:
-        return {
-            "version": STATE_VERSION,
-            "epoch": self.epoch,
-            "seed": self.config.seed,
-            "shuffle": self.config.shuffle,
-            "rows": self.catalog.num_rows,
-            "files": self.catalog.num_files,
-            "history": [segment.to_json() for segment in history],
-            "partitions": self.partitions,
-        }
-
-    def _rank_state(self, consumed: int, num_workers: int) -> dict[str, Any]:
-        history, before = self._resumed_history(num_workers)
-        segment = Segment(self.world_size, num_workers, before + consumed)
-        return {**self._state_header(history + [segment]), "kind": "rank"}
-
-    def _resumed_history(self, num_workers: int) -> tuple[list[Segment], int]:
-        """Segments completed before this topology, and batches per rank already consumed in it."""
-        state = self._active_resume
-        if state is None:
-            return [], 0
-        history = [Segment.from_json(s) for s in state["history"]]
-        if state["kind"] == "worker":
-            return history, 0
-        last = history[-1] if history else None
-        if last is not None and (last.world_size, last.num_workers) == (self.world_size, num_workers):
-            return history[:-1], last.batches
-        return history, 0
-
-    def _resolve(self, worker_id: int, num_workers: int) -> tuple[EpochPlan, list[Segment], int, int, int]:
-        """(plan, completed history, role, batches this role already delivered, rank batches before)."""
-        history, before = self._resumed_history(num_workers)
-        state = self._active_resume
-        if state is not None and state["kind"] == "worker":
-            if (state["world_size"], state["num_workers"], state["rank"]) != (self.world_size, num_workers, self.rank):
-                raise ValueError(
-                    "a per-worker state resumes only on the topology that saved it "
-                    f"(world_size={state['world_size']}, num_workers={state['num_workers']}); for elastic "
-                    "resizing save state_dict(consumed_batches=..., num_workers=...) instead"
-                )
-            plan, _ = resume_plan(self.layout, self.config, self.epoch, history, self.world_size, num_workers)
-            if state["worker_id"] != worker_id:
-                raise ValueError(f"state of worker {state['worker_id']} loaded into worker {worker_id}")
-            return plan, history, int(state["role"]), int(state["batches"]), 0
-        full = history + ([Segment(self.world_size, num_workers, before)] if before else [])
-        plan, before = resume_plan(self.layout, self.config, self.epoch, full, self.world_size, num_workers)
-        # A restarted DataLoader starts its round-robin at worker 0, where the uninterrupted run
-        # would continue at worker `before % n`: worker w takes over the role of that one.
-        n = max(num_workers, 1)
-        role = (worker_id + before) % n
-        return plan, history, role, worker_batches_delivered(before, num_workers, role), before
-
-    def epoch_summary(self, num_workers: int = 0, epoch: int | None = None) -> dict[str, Any]:
-        """Steps, rows, padding and dropped rows of an epoch (what ``uneven`` costs)."""
-        plan = self.epoch_plan(num_workers, epoch)
-        real = np.minimum(plan.batches_per_worker(), plan.steps)
-        return {
-            "epoch": plan.epoch,
-            "global_workers": plan.num_workers,
-            "rows": plan.total_rows,
-            "steps_per_worker": plan.steps,
-            "padding_batches": int((plan.steps - real).sum()),
-            "dropped_rows": plan.dropped_rows(),
-        }
-
-    def steps_per_epoch(self, num_workers: int = 0, epoch: int | None = None) -> int:
-        """Batches each rank gets from ``DataLoader(ds, batch_size=None, num_workers=...)``."""
-        return self.epoch_plan(num_workers, epoch).steps * max(num_workers, 1)
-
-    # -- iteration ----------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[Any]:
-        worker_id, num_workers = current_worker()
-        if worker_id == 0:
-            self._warn_about_traps(num_workers)
-        if self.partitions is not None:
-            batches = self._iter_canonical(worker_id, num_workers)
-        else:
-            batches = self._iter_stream(worker_id, num_workers)
-        return batches if self.transform is None else (self.transform(batch) for batch in batches)
-
-    def _start_progress(self, history: list[Segment], num_workers: int, worker_id: int, role: int, skip: int) -> dict[str, Any]:
-        """Record what this iteration delivers, for ``state_dict()`` (per worker)."""
-        self._progress = {
-            "epoch": self.epoch, "history": history, "num_workers": num_workers, "worker_id": worker_id,
-            "role": role, "skip": skip, "delivered": skip,
-        }
-        return self._progress
-
-    def _iter_stream(self, worker_id: int, num_workers: int) -> Iterator[Batch]:
-        plan, history, role, skip, _ = self._resolve(worker_id, num_workers)
-        worker = Topology(self.rank, self.world_size, role, num_workers).global_worker_id
-        if worker == 0 and self.config.uneven == "drop" and plan.dropped_rows():
-            log.warning("uneven='drop' leaves out %d of %d rows in epoch %d", plan.dropped_rows(), plan.total_rows, plan.epoch)
-        progress = self._start_progress(history, num_workers, worker_id, role, skip)
-        work = plan.worker_plan(worker)
-        real, bs = work.real_batches, self.config.batch_size
-        first = _first_to_read(skip, real, work.steps)
-        skipped_rows = int(work.pieces.rows[:first].sum()) if bs is None else first * bs
-        reader = self._reader()
-        try:
-            tables = self._delivered_tables(plan, work.pieces, skipped_rows, reader)
-            real_batches = rebatch(tables, bs, real - first, self.converter)
-            yield from self._deliver(real_batches, first, skip, real, work.steps, plan, reader, progress)
-        finally:
-            reader.close()
-
-    def _deliver(
-        self, real_batches: Iterator[Batch], first: int, skip: int, real: int, steps: int,
-        plan: EpochPlan, reader: RowGroupReader, progress: dict[str, Any],
-    ) -> Iterator[Batch]:
-        """Yield real batches ``first..real-1`` from number ``skip`` on, then padding up to ``steps``.
-
-        Padding copies the shape of the worker's last real batch, so a resume past it reads that
-        one again (without yielding it); a worker with no rows copies a row group of the dataset.
-        """
-        last: Batch | None = None
-        for index, last in enumerate(real_batches, start=first):
-            if index >= skip:
-                progress["delivered"] += 1
-                yield last
-        padding = steps - max(real, skip)
-        if padding > 0:
-            template = last if last is not None else self._template_batch(reader, plan)
-            pad = padding_like(template, len(template[SAMPLE_ID]), self.converter.ragged_keys)
-            for _ in range(padding):
-                progress["delivered"] += 1
-                yield clone(pad)
-
-    # -- canonical (topology-independent) order -------------------------------------------------
-    def canonical_plan(self, num_workers: int = 0, epoch: int | None = None) -> CanonicalPlan:
-        """The canonical-order plan of an epoch (only with ``partitions=``)."""
-        if self.partitions is None:
-            raise ValueError("canonical_plan needs partitions=")
-        epoch = self.epoch if epoch is None else epoch
-        return CanonicalPlan(self.layout, self.config, epoch, self.partitions, self.world_size, num_workers)
-
-    def _iter_canonical(self, worker_id: int, num_workers: int) -> Iterator[Batch]:
-        plan = self.canonical_plan(num_workers)
-        state = self._active_resume
-        history = [Segment.from_json(s) for s in state["history"]] if state else []
-        if state is not None and state["kind"] == "worker":
-            role, skip = int(state["role"]), int(state["batches"])
-            if (state["world_size"], state["num_workers"], state["worker_id"]) != (self.world_size, num_workers, worker_id):
-                raise ValueError("a per-worker state resumes only on the topology that saved it")
-        else:
-            if any(max(s.num_workers, 1) != plan.n for s in history):
-                raise ValueError(
-                    f"canonical order needs the same number of DataLoader workers on resume ({plan.n} now, "
-                    f"{[s.num_workers for s in history]} before); use partitions=None for elastic resume across worker counts"
-                )
-            before = sum(s.batches for s in history)  # global steps: the same count on every topology
-            role = (worker_id + before) % plan.n
-            skip = worker_batches_delivered(before, num_workers, role)
-            history = history[:-1] if history and (history[-1].world_size, history[-1].num_workers) == (self.world_size, num_workers) else history
-        progress = self._start_progress(history, num_workers, worker_id, role, skip)
-        return self._canonical_batches(plan, plan.owned(self.rank, role), skip, progress)
-
-    def _canonical_batches(self, plan: CanonicalPlan, owned: np.ndarray, skip: int, progress: dict[str, Any]) -> Iterator[Batch]:
-        bs = self.config.batch_size
-        assert bs is not None  # checked at construction
-        real = min(int((-(-plan.rows[owned] // plan.micro)).max(initial=0)), plan.steps)
-        first = _first_to_read(skip, real, plan.steps)
-        reader = self._reader()
-        cache: OrderedDict[int, pa.Table] = OrderedDict()  # decoded row groups, one per owned partition
-
-        def build(i: int) -> Batch:
-            pieces = plan.batch_pieces(owned, i)
-            tables = [self._read_piece(reader, plan.stream, rg, lo, hi, cache, len(owned) + 2)
-                      for rg, lo, hi in zip(pieces.rg.tolist(), pieces.lo.tolist(), pieces.hi.tolist())]
-            table = pa.concat_tables(tables)
-            batch = as_batch(table, self.converter)
-            if table.num_rows < bs:  # owned partitions ran short: top up to exactly batch_size rows
-                batch = concat(batch, padding_like(batch, bs - table.num_rows, self.converter.ragged_keys))
-            return batch
-
-        try:
-            real_batches = read_ahead(build, range(first, real), self.read_ahead)  # one thread: `cache` is not shared
-            yield from self._deliver(real_batches, first, skip, real, plan.steps, plan.stream, reader, progress)
-        finally:
-            reader.close()
-
-    def _reader(self) -> RowGroupReader:
-        catalog = self.catalog
-        return RowGroupReader.from_catalog(catalog, self.storage_options)
-
-    def iter_piece_tables(
-        self, plan: EpochPlan, pieces: Pieces, reader: RowGroupReader | None = None
-    ) -> Iterator[pa.Table]:
-        """Arrow tables of ``pieces`` (rows in the plan's order) with a ``sample_id`` column, read ahead."""
-        own = reader is None
-        reader = reader or self._reader()
-        try:
-            spans = zip(pieces.rg.tolist(), pieces.lo.tolist(), pieces.hi.tolist())
-            # _read_piece is thread-safe, so the read-ahead window is also the number of reads in flight.
-            read = lambda span: self._read_piece(reader, plan, *span)  # noqa: E731
-            yield from read_ahead(read, spans, self.read_ahead, workers=max(self.read_ahead, 1))
-        finally:
-            if own:
-                reader.close()
-
-    def _delivered_tables(self, plan: EpochPlan, pieces: Pieces, skip: int, reader: RowGroupReader) -> Iterator[pa.Table]:
-        """A worker's rows in delivery order from delivered row ``skip`` on, one table per piece size."""
-        if plan.config.shuffle_window == 1:
-            yield from self.iter_piece_tables(plan, skip_rows(pieces, skip), reader)
-            return
-        windows = [pieces.take(w) for w in plan.windows(pieces)]
-        ends = np.cumsum([int(w.rows.sum()) for w in windows])
-        first = int(np.searchsorted(ends, skip, side="right"))
-        start = int(ends[first - 1]) if first else 0
-        tables = self.iter_piece_tables(plan, Pieces.concat(windows[first:]), reader)
-        for window in windows[first:]:
-            labels = plan.window_labels(window)
-            merged = pa.concat_tables(list(itertools.islice(tables, len(window))))
-            merged = merged.take(pa.array(interleave_index(labels)))
-            bounds = np.concatenate([[0], np.cumsum(window.rows)])
-            head = max(skip - start, 0)
-            for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-                lo = max(lo, head)
-                if hi > lo:
-                    yield merged.slice(lo, hi - lo)
-            start += len(labels)
-
-    def _read_piece(
-        self, reader: RowGroupReader, plan: EpochPlan, rg: int, lo: int, hi: int,
-        cache: OrderedDict[int, pa.Table] | None = None, capacity: int = 0,
-    ) -> pa.Table:
-        catalog = self.catalog
-        table = cache.get(rg) if cache is not None else None
-        if table is None:
-            table = reader.read(int(catalog.rg_file[rg]), int(catalog.rg_index[rg]))
-            if cache is not None:
-                cache[rg] = table
-                while len(cache) > capacity:
-                    cache.popitem(last=False)
-        elif cache is not None:
-            cache.move_to_end(rg)
-        if table.num_rows != catalog.rg_rows[rg]:
-            raise ReadError(
-                f"{catalog.urls[int(catalog.rg_file[rg])]}: row group {int(catalog.rg_index[rg])} has "
-                f"{table.num_rows} rows but its footer said {int(catalog.rg_rows[rg])}; did the file change?"
-            )
-        rows = plan.row_positions(rg, lo, hi)
-        table = table.take(pa.array(rows)) if plan.config.shuffle else table.slice(lo, hi - lo)
-        return table.append_column(SAMPLE_ID, pa.array(rows + catalog.rg_first_id[rg]))
-
-    def _template_batch(self, reader: RowGroupReader, plan: EpochPlan) -> Batch:
-        """A batch of real shape for a worker with no rows of its own (more workers than rows)."""
-        catalog, converter = self.catalog, self.converter
-        nonempty = np.flatnonzero(catalog.rg_rows)
-        rows = self.config.batch_size or max(1, -(-plan.total_rows // plan.num_workers))
-        if len(nonempty) == 0:  # an empty dataset has no shapes to copy; a 0-row batch keeps the keys
-            table = pa.Table.from_batches([], schema=catalog.schema)
-            return with_ids(converter(table), np.zeros(0, dtype=np.int64))
-        rg = int(nonempty[0])
-        table = reader.read(int(catalog.rg_file[rg]), int(catalog.rg_index[rg])).slice(0, rows)
-        batch = with_ids(converter(table), np.full(table.num_rows, -1, dtype=np.int64))
-        if table.num_rows < rows:
-            batch = concat(batch, padding_like(batch, rows - table.num_rows, self.converter.ragged_keys))
-        return batch
-
-
-def _first_to_read(skip: int, real: int, steps: int) -> int:
-    """The first real batch a worker must build when resuming after ``skip`` batches.
-
-    Normally ``skip`` itself; past the real batches, the last real one (padding copies its shape).
-    """
-    return real - 1 if skip >= real > 0 and steps > real else min(skip, real)

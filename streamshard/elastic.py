@@ -15,10 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-
 from .plan import EpochPlan, Layout, PlanConfig, Pieces
-
-STATE_VERSION = 1
 
 
 @dataclass(frozen=True)

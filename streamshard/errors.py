@@ -17,3 +17,7 @@ class ReadError(StreamshardError, OSError):
 
 class ConversionError(StreamshardError, TypeError):
     """A column has no tensor meaning (or needs a cast); the message names the file and column."""
+
+
+class StateError(StreamshardError, ValueError):
+    """A checkpoint state is malformed, out of range, or does not fit this dataset (field named)."""

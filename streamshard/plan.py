@@ -248,22 +248,6 @@ class EpochPlan:
         key = mix_seed(self.config.seed, self.epoch, _WINDOW_ORDER, int(window.rg[0]), int(window.lo[0]))
         return labels[Permutation(len(labels), key)[np.arange(len(labels), dtype=np.int64)]]
 
-    def delivered_ids(self, worker: int) -> np.ndarray:
-        """The sample ids ``worker`` delivers, in delivery order, without reading anything.
-
-        For simulations, tests and tools; the dataset emits exactly these rows in this order.
-        """
-        pieces = self.worker_plan(worker).pieces
-        first = self.layout.rg_first_id
-        out = []
-        for window in self.windows(pieces):
-            part = pieces.take(window)
-            ids = np.concatenate(
-                [first[rg] + self.row_positions(rg, lo, hi) for rg, lo, hi in zip(part.rg, part.lo, part.hi)]
-            )
-            out.append(ids[interleave_index(self.window_labels(part))] if len(part) > 1 else ids)
-        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
-
     def split_delivered(self, pieces: Pieces, rows: int) -> tuple[Pieces, Pieces]:
         """``pieces`` split after the first ``rows`` delivered rows: (consumed, remaining), as segments."""
         if self.config.shuffle_window == 1:
@@ -285,18 +269,25 @@ class EpochPlan:
 
     def row_positions(self, rg: int, lo: int, hi: int) -> np.ndarray:
         """Row indices (within row group ``rg``) of emitted positions ``[lo, hi)``."""
-        positions = np.arange(lo, hi, dtype=np.int64)
+        return self.rows_at(np.full(hi - lo, rg, dtype=np.int64), np.arange(lo, hi, dtype=np.int64))
+
+    def rows_at(self, rg: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Row numbers (file order) of emitted positions ``positions[i]`` of row groups ``rg[i]``.
+
+        Without shuffling the emitted order is the file order; with it, each row group's rows
+        follow a (seed, epoch, row group) permutation, so a position's row does not depend on
+        where the row group was cut into pieces.
+        """
+        positions = np.asarray(positions, dtype=np.int64)
         if not self.config.shuffle:
             return positions
-        n = int(self.layout.rg_rows[rg])
-        return Permutation(n, mix_seed(self.config.seed, self.epoch, _ROW_ORDER, int(rg)))[positions]
-
-
-def interleave_index(labels: np.ndarray) -> np.ndarray:
-    """Indices into the pieces' rows laid end to end (piece-major) that give the ``labels`` order."""
-    take = np.empty(len(labels), dtype=np.int64)
-    take[np.argsort(labels, kind="stable")] = np.arange(len(labels), dtype=np.int64)
-    return take
+        rg = np.asarray(rg, dtype=np.int64)
+        out = np.empty_like(positions)
+        for group in np.unique(rg).tolist():
+            mask = rg == group
+            n = int(self.layout.rg_rows[group])
+            out[mask] = Permutation(n, mix_seed(self.config.seed, self.epoch, _ROW_ORDER, group))[positions[mask]]
+        return out
 
 
 def keep_rows(pieces: Pieces, keep: int) -> Pieces:

@@ -18,10 +18,10 @@ import bisect
 import logging
 import threading
 import time
-from collections import OrderedDict, deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections import OrderedDict
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -35,8 +35,6 @@ from .storage import FileSystems, check_short_read, is_async
 
 log = logging.getLogger("streamshard")
 
-T = TypeVar("T")
-R = TypeVar("R")
 Range = tuple[int, int]
 
 DEFAULT_MAX_GAP = 16 * 1024  # bytes of unneeded data worth fetching to save one request
@@ -430,31 +428,3 @@ class _SparseFile:
     def close(self) -> None:
         self.closed = True
 
-
-def read_ahead(fn: Callable[[T], R], items: Iterable[T], depth: int, workers: int = 1) -> Iterator[R]:
-    """Yield ``fn(item)`` for each item in order, computing up to ``depth`` items ahead.
-
-    ``depth=0`` computes each item when it is asked for. ``workers`` background threads compute
-    items at once (give ``workers=depth`` on a high-latency store to keep several ranged requests
-    in flight; ``fn`` must then be thread-safe). Results still come out in item order, and an
-    exception surfaces exactly where its item would have. At most ``depth`` results wait beside
-    the one being consumed, which bounds the memory of the window.
-    """
-    if depth <= 0:
-        for item in items:
-            yield fn(item)
-        return
-    pool = ThreadPoolExecutor(max_workers=max(1, min(workers, depth)), thread_name_prefix="streamshard-read")
-    pending: deque[Future[R]] = deque()
-    iterator = iter(items)
-    try:
-        for item in iterator:
-            pending.append(pool.submit(fn, item))
-            if len(pending) > depth:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-    finally:
-        for future in pending:
-            future.cancel()
-        pool.shutdown(wait=True, cancel_futures=True)

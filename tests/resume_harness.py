@@ -1,13 +1,26 @@
-"""One resume harness for everything that iterates: stop after k batches, resume, compare byte for byte."""
+"""One resume harness for everything that iterates: stop after k batches, resume, compare.
+
+* ``check_loader_resume``: ``StreamLoader`` on one topology; the resumed pass must be byte for
+  byte the rest of the uninterrupted one, and ``len(loader)`` exact before and after.
+* ``check_elastic_resume``: ``StreamLoader`` over a sequence of topologies (world size, workers,
+  batches taken); every rank's state must be the same, steps equal across ranks in every phase,
+  and the rows delivered over all phases exactly those of an uninterrupted run.
+* ``check_stateful_resume``: torchdata's ``StatefulDataLoader`` (per-worker states), same topology.
+"""
 
 from __future__ import annotations
 
 import json
 import random
+from collections import Counter
 from typing import Any, Callable
 
+import numpy as np
 import torch
-from torch.utils.data import DataLoader
+
+import streamshard as ss
+
+MAX_STATE_BYTES = 2_000
 
 
 def same_batches(a: list[Any], b: list[Any]) -> bool:
@@ -34,26 +47,91 @@ def with_random_stops(stops: list[int], length: int, count: int, seed: int) -> l
     return sorted(set(stops) | {rng.randint(0, length) for _ in range(count)})
 
 
-def check_plain_resume(
-    make: Callable[[], Any], num_workers: int, stops: list[int], epoch: int = 0, random_stops: int = 3
-) -> None:
-    """Resume with a plain DataLoader from the count of batches the rank consumed."""
-    ds = make()
-    ds.set_epoch(epoch)
-    full = list(DataLoader(ds, batch_size=None, num_workers=num_workers))
+def as_checkpoint(state: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint file would give back: JSON, and small."""
+    text = json.dumps(state)
+    assert len(text) < MAX_STATE_BYTES, f"state must stay small, got {len(text)} bytes"
+    return json.loads(text)
+
+
+def row_keys(batches: list[dict[str, Any]]) -> Counter:
+    """The real rows of some batches as a multiset of (corpus, sample_id)."""
+    keys: Counter = Counter()
+    for b in batches:
+        ids = b["sample_id"].reshape(-1).numpy()
+        corpus = b["corpus"].reshape(-1).numpy() if "corpus" in b else np.zeros_like(ids)
+        real = ids >= 0
+        keys.update(zip(corpus[real].tolist(), ids[real].tolist()))
+    return keys
+
+
+def check_loader_resume(make: Callable[[], Any], num_workers: int, stops: list[int], epoch: int = 0,
+                        random_stops: int = 3) -> None:
+    """Stop a StreamLoader after k batches, resume a fresh one from its state: the rest must match."""
+    reference = ss.StreamLoader(make(), num_workers=num_workers)
+    reference.set_epoch(epoch)
+    assert len(reference) == reference.dataset.steps_per_epoch(num_workers)
+    full = list(reference)
     for k in with_random_stops(stops, len(full), random_stops, seed=epoch * 1000 + num_workers):
         k = min(k, len(full))
-        state = json.loads(json.dumps(ds.state_dict(consumed_batches=k, num_workers=num_workers)))
-        assert len(json.dumps(state)) < 2_000, "state must stay small"
-        resumed = make()
+        first = ss.StreamLoader(make(), num_workers=num_workers)
+        first.set_epoch(epoch)
+        iterator = iter(first)
+        head = [next(iterator) for _ in range(k)]
+        del iterator
+        assert len(first) == len(full) - k
+        state = as_checkpoint(first.state_dict())
+        resumed = ss.StreamLoader(make(), num_workers=num_workers)
         resumed.load_state_dict(state)
-        rest = list(DataLoader(resumed, batch_size=None, num_workers=num_workers))
-        assert same_batches(rest, full[k:]), f"resume after {k} of {len(full)} batches differs"
+        assert len(resumed) == len(full) - k, f"len after resuming at {k}: {len(resumed)} != {len(full) - k}"
+        rest = list(resumed) if k < len(full) else []
+        assert same_batches(head + rest, full), f"resume after {k} of {len(full)} batches differs"
 
 
-def check_stateful_resume(
-    make: Callable[[], Any], num_workers: int, stops: list[int], epoch: int = 0, random_stops: int = 2
-) -> None:
+def check_elastic_resume(make: Callable[[int, int], Any], phases: list[tuple[int, int, int | None]],
+                         epoch: int = 0) -> None:
+    """Run ``phases`` of (world_size, num_workers, batches per rank or None = to the end) in turn,
+    each resuming from the previous one's state, and compare the rows with an uninterrupted run
+    on the last topology. A phase never takes the whole epoch (at most all but one batch)."""
+    world, workers, _ = phases[-1]
+    expected: Counter = Counter()
+    for rank in range(world):
+        reference = ss.StreamLoader(make(rank, world), num_workers=workers)
+        reference.set_epoch(epoch)
+        expected.update(row_keys(list(reference)))
+    delivered: Counter = Counter()
+    state = None
+    for world, workers, take in phases:
+        states, counts = [], []
+        for rank in range(world):
+            loader = ss.StreamLoader(make(rank, world), num_workers=workers)
+            if state is None:
+                loader.set_epoch(epoch)
+            else:
+                loader.load_state_dict(state)
+            length = len(loader)
+            limit = length if take is None else min(take, max(length - 1, 0))
+            batches = []
+            iterator = iter(loader)
+            while len(batches) < limit:
+                batches.append(next(iterator))
+            if take is None:
+                assert next(iterator, None) is None, "the loader yields more batches than len() said"
+            del iterator
+            delivered.update(row_keys(batches))
+            counts.append(len(batches))
+            states.append(as_checkpoint(loader.state_dict()) if take is not None else None)
+        assert len(set(counts)) == 1, f"ranks yield different step counts under {world}x{workers}: {counts}"
+        assert all(s == states[0] for s in states), "ranks of one job must save the same state"
+        state = states[0]
+    assert delivered == expected, (
+        f"{sum((delivered - expected).values())} extra or repeated rows, {sum((expected - delivered).values())} missing "
+        f"after phases {phases}"
+    )
+
+
+def check_stateful_resume(make: Callable[[], Any], num_workers: int, stops: list[int], epoch: int = 0,
+                          random_stops: int = 2) -> None:
     """Resume through torchdata's StatefulDataLoader, which calls state_dict() inside each worker."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 

@@ -13,11 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
-from streamshard.blend import BlendedStream, BlendPlan, blend_length
+import streamshard as ss
+from streamshard.blend import BlendedStream, blend_length
+from streamshard.blend_plan import BlendMap
 from streamshard.blend_schedule import blend_counts
 from streamshard.dataset import ParquetStream
 from streamshard.testing import write_corpus
 from helpers import assert_equal_steps, assert_rows_match_ids, run_epoch
+from resume_harness import check_elastic_resume, check_loader_resume, same_batches
 
 LAYOUTS = {  # three corpora of different sizes and row-group shapes
     "web": [[50, 30], [7], [], [64, 64, 1], [13]],  # 229 rows
@@ -84,12 +87,18 @@ def test_exactly_once_per_corpus_epoch_while_cycling(corpora):
             ds = make(rank, 2)
             ds.set_epoch(epoch)
             batches = list(DataLoader(ds, batch_size=None, num_workers=0))
-            plan = ds.plan(0, epoch)
-            for (corpus, index), batch in zip(plan.batches(rank), batches):
+            schedule = ds.schedule()
+            for i, batch in enumerate(batches):
+                spec = schedule.batch(i)
                 real = batch["sample_id"] >= 0
-                assert np.array_equal(batch["corpus"][real].numpy(), corpus)
-                J = epoch * plan.counts[corpus] + index
-                for k, corpus_epoch, sid in zip(corpus, J // plan.sizes[corpus], batch["sample_id"][real].tolist()):
+                if not spec.rows:
+                    assert not real.any()
+                    continue
+                assert np.array_equal(batch["corpus"][real].numpy(), spec.corpus)
+                assert np.array_equal(batch["sample_id"][real].numpy(), spec.sample_id)
+                corpus, index = schedule.blend.locate(schedule.positions.batch(i).sample_id)
+                J = epoch * schedule.blend.counts[corpus] + index
+                for k, corpus_epoch, sid in zip(corpus, J // np.asarray(sizes())[corpus], spec.sample_id.tolist()):
                     rows.setdefault((int(k), int(corpus_epoch)), []).append(sid)
     for (k, corpus_epoch), ids in rows.items():
         assert len(set(ids)) == len(ids), f"corpus {k} epoch {corpus_epoch} repeats a row"
@@ -148,51 +157,28 @@ def test_blend_length_is_the_extreme_n_of_its_rule(weights, data):
 @settings(max_examples=80, deadline=None)
 @given(
     st.lists(st.sampled_from([0.0, 0.05, 0.3, 1.0, 2.5]), min_size=1, max_size=4).filter(any),
-    st.data(),
+    st.integers(0, 200_000), st.sampled_from(["fair", "shuffled"]), st.integers(0, 3),
 )
-def test_plan_covers_each_blend_index_once_in_order_and_resumes(weights, data):
-    sizes_ = data.draw(st.lists(st.integers(1, 40), min_size=len(weights), max_size=len(weights)))
-    n, workers, batch = data.draw(st.integers(0, 300)), data.draw(st.integers(1, 5)), data.draw(st.integers(1, 9))
-    order, epoch = data.draw(st.sampled_from(["fair", "shuffled"])), data.draw(st.integers(0, 3))
-    plan = BlendPlan(weights, sizes_, n, batch, workers, epoch, seed=5, order=order)
-    taken = [[] for _ in weights]
-    for g in range(workers):
-        batches = list(plan.batches(g))
-        assert len(batches) == plan.real_batches(g) <= plan.steps
-        first, last, _ = plan.corpus_ranges(g)
-        for k in range(len(weights)):
-            mine = np.concatenate([i[c == k] for c, i in batches]) if batches else np.zeros(0, np.int64)
-            assert np.array_equal(mine, np.arange(first[k], last[k])), "a worker reads one range, in order"
-            taken[k].extend(mine.tolist())
-            reads = plan.segments(k, int(first[k]), int(last[k])) if last[k] > first[k] else []
-            assert sum(end - begin for _, begin, end in reads) == last[k] - first[k]
-            assert all(0 <= begin < end <= sizes_[k] for _, begin, end in reads)
-        skip = data.draw(st.integers(0, len(batches)))
-        resumed = list(plan.batches(g, skip))
-        assert len(resumed) == len(batches) - skip
-        assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) for a, b in zip(resumed, batches[skip:]))
-    for k, count in enumerate(plan.counts):
-        assert sorted(taken[k]) == list(range(count))
+def test_the_blend_map_gives_each_corpus_its_count_in_rising_order(weights, n, order, epoch):
+    """Every corpus's indices 0..c_k-1 appear once, rising along the positions: any contiguous range of
+    positions (a worker's block, a resumed rest) reads each corpus sequentially."""
+    blend = BlendMap(weights, n, order, seed=5, epoch=epoch)
+    corpus, index = blend.locate(np.arange(n, dtype=np.int64))
+    for k, count in enumerate(blend.counts):
+        np.testing.assert_array_equal(index[corpus == k], np.arange(count))
 
 
-def test_shuffled_order_varies_batch_composition_but_not_worker_totals():
-    fair = BlendPlan([0.5, 0.5], [1000, 1000], 2000, 20, 2, order="fair")
-    mixed = BlendPlan([0.5, 0.5], [1000, 1000], 2000, 20, 2, order="shuffled")
-    for g in range(2):
-        fair_mix = [np.bincount(c, minlength=2)[0] for c, _ in fair.batches(g)]
-        shuffled_mix = [np.bincount(c, minlength=2)[0] for c, _ in mixed.batches(g)]
-        assert set(fair_mix) == {10}
-        assert len(set(shuffled_mix)) > 3
-        assert sum(shuffled_mix) == sum(fair_mix)
+def test_shuffled_order_varies_batch_composition_but_not_the_totals():
+    positions = np.arange(2000, dtype=np.int64)
+    fair = BlendMap([0.5, 0.5], 2000, "fair", seed=0, epoch=0).locate(positions)[0]
+    mixed = BlendMap([0.5, 0.5], 2000, "shuffled", seed=0, epoch=0).locate(positions)[0]
+    fair_mix = {int(np.bincount(c, minlength=2)[0]) for c in fair.reshape(-1, 20)}
+    shuffled_mix = {int(np.bincount(c, minlength=2)[0]) for c in mixed.reshape(-1, 20)}
+    assert fair_mix == {10} and len(shuffled_mix) > 3
+    assert np.bincount(mixed).tolist() == np.bincount(fair).tolist()
 
 
 # -- determinism, resume ---------------------------------------------------------------------------
-def same_batches(a, b):
-    return len(a) == len(b) and all(
-        x.keys() == y.keys() and all(torch.equal(x[k], y[k]) if isinstance(x[k], torch.Tensor) else x[k] == y[k]
-                                     for k in x) for x, y in zip(a, b))
-
-
 def test_same_inputs_give_the_same_batches_and_the_seed_matters(corpora):
     first = run_epoch(blender(corpora, order="shuffled"), 2, 2, epoch=1)
     again = run_epoch(blender(corpora, order="shuffled"), 2, 2, epoch=1)
@@ -202,17 +188,15 @@ def test_same_inputs_give_the_same_batches_and_the_seed_matters(corpora):
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_resume_after_k_batches_gives_the_rest_of_the_uninterrupted_run(corpora, num_workers):
-    make = blender(corpora, order="shuffled", batch_size=8)
-    full = run_epoch(make, 2, num_workers, epoch=1)[1]
-    for k in (1, 3, len(full) - 1, len(full)):
-        saved = make(1, 2)
-        saved.set_epoch(1)
-        state = saved.state_dict(consumed_batches=k, num_workers=num_workers)
-        resumed = make(1, 2)
-        resumed.load_state_dict(state)
-        resumed.set_epoch(1)  # a training loop calls this again; it must keep the resume point
-        assert same_batches(list(DataLoader(resumed, batch_size=None, num_workers=num_workers)), full[k:])
+@pytest.mark.parametrize("order", ["fair", "shuffled"])
+def test_stream_loader_resumes_a_blend_exactly(corpora, num_workers, order):
+    make = blender(corpora, order=order, batch_size=8)
+    check_loader_resume(lambda: make(1, 2), num_workers, stops=[1, 3, 10_000], epoch=1)
+
+
+@pytest.mark.parametrize("phases", [[(2, 2, 3), (3, 1, None)], [(1, 0, 4), (4, 2, 1), (2, 0, None)]])
+def test_a_blend_resumes_elastically_with_each_row_once(corpora, phases):
+    check_elastic_resume(blender(corpora, order="shuffled", batch_size=8), phases, epoch=1)
 
 
 def test_state_dict_counts_delivered_batches_in_the_main_process(corpora):
@@ -220,27 +204,40 @@ def test_state_dict_counts_delivered_batches_in_the_main_process(corpora):
     ds.set_epoch(0)
     taken = list(itertools.islice(iter(DataLoader(ds, batch_size=None)), 5))
     state = ds.state_dict()
-    assert (state["epoch"], state["batches"]) == (0, 5)
+    assert (state["epoch"], state["history"]) == (0, [{"world_size": 2, "num_workers": 0, "batches": 5}])
     resumed = blender(corpora)(0, 2)
     resumed.load_state_dict(state)
     rest = list(DataLoader(resumed, batch_size=None))
     assert same_batches(taken + rest, list(DataLoader(blender(corpora)(0, 2), batch_size=None)))
 
 
-def test_state_dict_needs_the_batch_count_with_workers_and_matching_workers_on_resume(corpora):
+def test_a_blend_state_refuses_other_mixes_and_the_main_process_guess(corpora):
     ds = blender(corpora)(0, 1)
     ds.set_epoch(0)
     next(iter(DataLoader(ds, batch_size=None, num_workers=2)))
-    with pytest.raises(ValueError, match="consumed_batches"):
+    with pytest.raises(ss.StateError, match="StreamLoader"):
         ds.state_dict()
-    state = ds.state_dict(consumed_batches=4)
-    assert state["num_workers"] == 2
-    resumed = blender(corpora)(0, 1)
-    resumed.load_state_dict(state)
-    with pytest.raises(ValueError, match="num_workers"):
-        next(iter(DataLoader(resumed, batch_size=None, num_workers=0)))
-    with pytest.raises(ValueError, match="world_size"):
-        blender(corpora)(0, 2).load_state_dict(state)
+    loader = ss.StreamLoader(blender(corpora)(0, 1), num_workers=2)
+    next(iter(loader))
+    state = loader.state_dict()
+    with pytest.raises(ss.StateError, match="order="):
+        ss.StreamLoader(blender(corpora, order="shuffled")(0, 1)).load_state_dict(state)
+    with pytest.raises(ss.StateError, match="weights="):
+        ss.StreamLoader(blender(corpora, weights={"web": 0.5, "code": 0.3, "math": 0.2})(0, 1)).load_state_dict(state)
+
+
+def test_a_blend_takes_its_corpora_topology_or_refuses_a_disagreement(corpora):
+    def streams(rank, world):
+        return {n: ParquetStream(p, rank=rank, world_size=world) for n, p in corpora.items()}
+    per_rank = [list(DataLoader(BlendedStream(streams(r, 2), WEIGHTS, batch_size=8), batch_size=None)) for r in range(2)]
+    ids = per_corpus_ids(per_rank)
+    n = blend_length(W, sizes(), "all_exhausted")
+    assert [len(v) for v in ids.values()] == blend_counts(W, n).tolist(), "each rank must take its own share"
+    with pytest.raises(ValueError, match="disagrees"):
+        BlendedStream(streams(0, 2), WEIGHTS, batch_size=8, rank=1, world_size=2)
+    mixed = {**streams(0, 2), "math": ParquetStream(corpora["math"], rank=1, world_size=2)}
+    with pytest.raises(ValueError, match="different ranks"):
+        BlendedStream(mixed, WEIGHTS, batch_size=8)
 
 
 # -- small and bad inputs ------------------------------------------------------------------------------
@@ -280,8 +277,8 @@ def test_schema_mismatch_names_both_corpora_and_the_column(corpora, tmp_path):
 def test_empty_corpus_with_weight_and_corpus_transform_are_refused(corpora, tmp_path):
     write_corpus(str(tmp_path / "empty"), [[]])
     streams = {"web": ParquetStream(corpora["web"]), "empty": ParquetStream(str(tmp_path / "empty"))}
-    with pytest.raises(ValueError, match="corpus 1 has no rows"):
-        BlendedStream(streams, {"web": 1, "empty": 1}, batch_size=4).plan()
+    with pytest.raises(ValueError, match="corpus 'empty' has no rows"):
+        BlendedStream(streams, {"web": 1, "empty": 1}, batch_size=4).steps_per_epoch()
     streams = {"web": ParquetStream(corpora["web"], transform=lambda b: b)}
     with pytest.raises(ValueError, match="transform"):
         BlendedStream(streams, {"web": 1}, batch_size=4).set_epoch(0)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
-from torch.utils.data import DataLoader
-
 import streamshard as ss
 
 PARTITIONS, WORKERS, GLOBAL_BATCH = 12, 2, 48
@@ -20,20 +20,21 @@ def make(path, rank, world, **kwargs):
 
 def global_steps(path, world, state=None, take=None):
     """Global step j = the union of every rank's batch j (non-padding ids), through real DataLoaders."""
-    per_rank = []
+    per_rank, states = [], []
     for rank in range(world):
-        ds = make(path, rank, world)
-        ds.set_epoch(1)
+        loader = ss.StreamLoader(make(path, rank, world), num_workers=WORKERS)
+        loader.set_epoch(1)
         if state is not None:
-            ds.load_state_dict(state)
-        batches = list(DataLoader(ds, batch_size=None, num_workers=WORKERS))
-        per_rank.append(batches[:take] if take is not None else batches)
+            loader.load_state_dict(state)
+        batches = list(itertools.islice(loader, take))
+        per_rank.append(batches)
+        states.append(loader.state_dict())
     assert len({len(b) for b in per_rank}) == 1, "unequal steps"
     steps = []
     for j in range(len(per_rank[0])):
         ids = np.concatenate([b[j]["sample_id"].numpy() for b in per_rank])
         steps.append(np.sort(ids[ids >= 0]))
-    return steps, ds.state_dict(consumed_batches=len(per_rank[0]), num_workers=WORKERS)
+    return steps, states[0]
 
 
 def test_global_steps_are_the_same_rows_for_every_world_size(skewed_corpus):
@@ -67,8 +68,9 @@ def test_canonical_mode_rejects_what_it_cannot_keep(skewed_corpus):
         list(ss.ParquetStream(skewed_corpus, batch_size=5, partitions=12, rank=0, world_size=2))
     with pytest.raises(ValueError, match="batch_size"):
         ss.ParquetStream(skewed_corpus, partitions=12)
-    state = make(skewed_corpus, 0, 2).state_dict(consumed_batches=2, num_workers=2)
-    other = make(skewed_corpus, 0, 2)
-    other.load_state_dict(state)
-    with pytest.raises(ValueError, match="same number of DataLoader workers"):
-        list(DataLoader(other, batch_size=None, num_workers=3))
+    loader = ss.StreamLoader(make(skewed_corpus, 0, 2), num_workers=2)
+    list(itertools.islice(loader, 2))
+    other = ss.StreamLoader(make(skewed_corpus, 0, 2), num_workers=3)
+    other.load_state_dict(loader.state_dict())
+    with pytest.raises(ss.StateError, match="same number of DataLoader workers"):
+        list(other)

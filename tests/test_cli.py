@@ -156,7 +156,8 @@ def test_plan_matches_the_dataset_epoch_summary(corpus, world, workers, batch_si
     rows = [w["rows"] for w in report["workers"]]
     assert len(rows) == summary["global_workers"] == report["global_workers"]
     assert sum(rows) + summary["dropped_rows"] == ds.catalog.num_rows == report["rows"]
-    assert report["steps_per_rank"] == ds.steps_per_epoch(workers, epoch)
+    ds.set_epoch(epoch)
+    assert report["steps_per_rank"] == ds.steps_per_epoch(workers)
     assert all(w["batches"] == summary["steps_per_worker"] for w in report["workers"])
     cost = report["uneven_cost"][uneven]
     assert (cost["padding_batches"], cost["dropped_rows"]) == (summary["padding_batches"], summary["dropped_rows"])

@@ -4,34 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from streamshard.plan import EpochPlan, Layout, PlanConfig
 
-rows_st = st.one_of(st.just(0), st.integers(1, 10_000), st.integers(1, 50))
-layouts = st.lists(st.lists(rows_st, max_size=20), min_size=1, max_size=200)
-@st.composite
-def plan_configs(draw):
-    shuffle = draw(st.booleans())
-    return PlanConfig(
-        unit=draw(st.sampled_from(["row_group", "file"])),
-        shuffle=shuffle,
-        seed=draw(st.integers(0, 2**64 - 1)),
-        batch_size=draw(st.one_of(st.none(), st.integers(1, 4096))),
-        uneven=draw(st.sampled_from(["pad", "drop"])),
-        shuffle_window=draw(st.integers(1, 4)) if shuffle else 1,
-    )
-
-
-configs = plan_configs()
-PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def make_layout(files: list[list[int]]) -> Layout:
-    rows = np.array([r for f in files for r in f], dtype=np.int64)
-    file_of = np.repeat(np.arange(len(files)), [len(f) for f in files]).astype(np.int64)
-    return Layout(rows, file_of)
+from strategies import PROPERTY, configs, layouts, make_layout
 
 
 def worker_intervals(plan: EpochPlan, worker: int, delivered_only: bool) -> list[tuple[int, int]]:
@@ -174,3 +152,52 @@ def test_window_interleave_keeps_each_piece_in_order_and_splits_into_segments(ro
     assert int(done.rows.sum()) == taken and int(rest.rows.sum()) == len(labels) - taken
     for p in range(len(pieces)):  # a prefix of the window is a prefix of every piece
         assert int(done.rows[done.rg == pieces.rg[p]].sum()) == int(np.sum(labels[:taken] == p))
+
+
+@PROPERTY
+@given(files=layouts, world=st.integers(1, 6), workers=st.integers(0, 4), config=configs, epoch=st.integers(0, 2))
+def test_the_schedules_of_all_workers_deliver_each_row_once_in_equal_uniform_steps(files, world, workers, config, epoch):
+    from streamshard.batch_plan import StreamSchedule
+
+    layout = make_layout(files)
+    plan = EpochPlan(layout, config, epoch, world * max(workers, 1))
+    ids, sizes = [], set()
+    for g in range(plan.num_workers):
+        schedule = StreamSchedule(plan, g)
+        assert schedule.steps == plan.steps
+        specs = list(schedule.batches())
+        assert len(specs) == plan.steps
+        for spec in specs:
+            assert len(spec.row) == len(spec.read) == len(spec.sample_id)
+            assert set(spec.read.tolist()) == set(spec.reads), "a row names a read the batch does not list"
+            rg = np.array([spec.reads[int(k)].rg for k in spec.read], dtype=np.int64)
+            assert np.all((spec.row >= 0) & (spec.row < layout.rg_rows[rg]))
+            np.testing.assert_array_equal(spec.sample_id, layout.rg_first_id[rg] + spec.row)
+            if config.batch_size is not None:
+                sizes.add(spec.size)
+        ids.append(schedule.sample_ids())
+        released = [k for spec in specs for k in spec.done]
+        assert len(released) == len(set(released)), "a read released twice"
+    delivered = np.sort(np.concatenate(ids)) if ids else np.zeros(0, np.int64)
+    assert len(np.unique(delivered)) == len(delivered), "a row delivered twice"
+    if config.uneven == "pad":
+        np.testing.assert_array_equal(delivered, np.arange(int(layout.rg_rows.sum())))
+    else:
+        assert len(delivered) == plan.total_rows - plan.dropped_rows()
+    if config.batch_size is not None and plan.steps:
+        assert sizes == {config.batch_size}, "every batch (padding included) holds batch_size rows"
+
+
+@PROPERTY
+@given(files=layouts, config=configs, epoch=st.integers(0, 2))
+def test_one_worker_without_a_window_delivers_each_piece_in_its_row_order(files, config, epoch):
+    """An independent reference: pieces in order, each piece's rows in the row group's emitted order."""
+    from streamshard.batch_plan import StreamSchedule
+
+    assume(config.shuffle_window == 1)
+    layout = make_layout(files)
+    plan = EpochPlan(layout, config, epoch, 1)
+    pieces = plan.worker_plan(0).pieces
+    parts = [layout.rg_first_id[rg] + plan.row_positions(rg, lo, hi) for rg, lo, hi in zip(pieces.rg, pieces.lo, pieces.hi)]
+    expected = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    np.testing.assert_array_equal(StreamSchedule(plan, 0).sample_ids(), expected)

@@ -1,0 +1,179 @@
+"""Reading what a schedule says: decoded row groups in, batches of tensors out.
+
+The one delivery path of every stream. A :class:`~streamshard.batch_plan.Schedule` decides each
+batch; this module fetches the row groups its specs name (``read_ahead`` reads in flight on
+background threads: pyarrow decodes without the GIL), holds each decoded group until the last
+batch that needs it, and assembles, converts and pads. Memory: the groups the current batch still
+shares with later ones plus ``read_ahead`` groups read ahead, never a file.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from .batch_plan import BatchSpec, Read, Schedule
+from .reader import ReadStats
+from .batches import CORPUS, concat, padding_like, with_ids
+from .tensors import Batch, BatchConverter
+
+_MAX_LOOKAHEAD = 64  # batch specs computed ahead to find the next row groups to read
+
+
+@dataclass
+class DeliveryStats:
+    """Where a worker's time went, for ``ParquetStream.stats_hook`` (``streamshard bench`` reads it).
+
+    ``busy_s``: producing batches (inside ``next()``); ``wait_s``: the part of it blocked on row-group
+    reads; ``convert_s``: Arrow -> torch; ``reads``: the reader's own counters (bytes fetched, fetch
+    and decode seconds, summed over the read-ahead threads).
+    """
+
+    reads: ReadStats
+    rows: int = 0
+    batches: int = 0
+    busy_s: float = 0.0
+    wait_s: float = 0.0
+    convert_s: float = 0.0
+
+
+class _Ready:
+    """A finished read, for the synchronous path (``read_ahead=0``)."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self._table = table
+
+    def result(self) -> pa.Table:
+        return self._table
+
+
+def deliver(
+    schedule: Schedule, start: int, read: Callable[[Read], pa.Table], convert: BatchConverter, read_ahead: int,
+    stats: DeliveryStats | None = None,
+) -> Iterator[Batch]:
+    """Batches ``start..steps-1`` of ``schedule``, read through ``read``; timings into ``stats``."""
+    specs = schedule.batches(start)
+    pending: dict[int, Future | _Ready] = {}
+    lookahead: deque[BatchSpec] = deque()
+    pool = ThreadPoolExecutor(max_workers=read_ahead, thread_name_prefix="streamshard-read") if read_ahead else None
+    template: Batch | None = None
+    exhausted = False
+
+    def submit(key: int, what: Read) -> None:
+        pending[key] = pool.submit(read, what) if pool is not None else _Ready(read(what))
+
+    def pull() -> bool:
+        nonlocal exhausted
+        if exhausted:
+            return False
+        spec = next(specs, None)
+        if spec is None:
+            exhausted = True
+            return False
+        lookahead.append(spec)
+        return True
+
+    try:
+        while True:
+            began = time.perf_counter()
+            if not (lookahead or pull()):
+                break
+            spec = lookahead[0]
+            for key, what in spec.reads.items():
+                if key not in pending:
+                    submit(key, what)
+            if pool is not None:  # keep `read_ahead` reads in flight beyond the current batch's
+                ahead, j = sum(1 for k in pending if k not in spec.reads), 1
+                while ahead < read_ahead and j < _MAX_LOOKAHEAD and (j < len(lookahead) or pull()):
+                    for key, what in lookahead[j].reads.items():
+                        if key not in pending:
+                            submit(key, what)
+                            ahead += 1
+                    j += 1
+            lookahead.popleft()
+            if spec.rows:
+                waited = time.perf_counter()
+                tables = {k: pending[k].result() for k in spec.reads}
+                converting = time.perf_counter()
+                batch = build(spec, tables, convert)
+                template = batch
+                if stats is not None:
+                    stats.wait_s += converting - waited
+                    stats.convert_s += time.perf_counter() - converting
+            else:
+                if template is None:
+                    template = _donor(schedule, read, convert)
+                batch = pad_batch(template, spec.padding, convert)
+            for key in spec.done:
+                pending.pop(key, None)
+            if stats is not None:
+                stats.rows += spec.rows
+                stats.batches += 1
+                stats.busy_s += time.perf_counter() - began
+            yield batch
+    finally:
+        for future in pending.values():
+            if isinstance(future, Future):
+                future.cancel()
+        pending.clear()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _donor(schedule: Schedule, read: Callable[[Read], pa.Table], convert: BatchConverter) -> Batch:
+    spec = schedule.shape_donor()
+    if spec is None:  # an empty dataset: a 0-row batch keeps the keys
+        empty = pa.Table.from_batches([], schema=convert.schema)
+        return with_ids(convert(empty), np.zeros(0, dtype=np.int64))
+    return build(spec, {k: read(r) for k, r in spec.reads.items()}, convert)
+
+
+def spec_table(spec: BatchSpec, tables: dict[int, pa.Table]) -> pa.Table:
+    """The spec's real rows as one Arrow table, in delivered order."""
+    keys = list(spec.reads)
+    parts = []
+    for key in keys:
+        rows = spec.row if len(keys) == 1 else spec.row[spec.read == key]
+        parts.append(_take(tables[key], rows))
+    if len(parts) == 1:
+        return parts[0]
+    if len({p.schema for p in parts}) > 1:  # nullability flags may differ between files or corpora
+        parts = [p.cast(parts[0].schema) for p in parts]
+    table = pa.concat_tables(parts)
+    rank = np.empty(int(spec.read.max()) + 1, dtype=np.int64)
+    rank[np.asarray(keys)] = np.arange(len(keys))
+    grouped = rank[spec.read]
+    if np.all(grouped[1:] >= grouped[:-1]):
+        return table
+    order = np.argsort(grouped, kind="stable")  # table row m holds delivered row order[m]
+    where = np.empty_like(order)
+    where[order] = np.arange(len(order))
+    return table.take(pa.array(where))
+
+
+def _take(table: pa.Table, rows: np.ndarray) -> pa.Table:
+    if len(rows) and rows[-1] - rows[0] == len(rows) - 1 and np.all(np.diff(rows) == 1):
+        return table.slice(int(rows[0]), len(rows))  # contiguous: zero-copy
+    return table.take(pa.array(rows))
+
+
+def build(spec: BatchSpec, tables: dict[int, pa.Table], convert: BatchConverter) -> Batch:
+    """Convert a spec's rows to tensors, with ``sample_id`` (and ``corpus``), then its padding."""
+    batch = with_ids(convert(spec_table(spec, tables)), spec.sample_id)
+    if spec.corpus is not None:
+        batch[CORPUS] = torch.from_numpy(np.array(spec.corpus, dtype=np.int64, copy=True))
+    if spec.padding:
+        batch = concat(batch, padding_like(batch, spec.padding, convert.ragged_keys))
+    return batch
+
+
+def pad_batch(template: Batch, rows: int, convert: BatchConverter) -> Batch:
+    """A batch of ``rows`` padding rows shaped like ``template``."""
+    return padding_like(template, rows, convert.ragged_keys)

@@ -1,0 +1,32 @@
+"""A few int64 slots in shared memory: how ``set_epoch`` reaches persistent DataLoader workers."""
+
+from __future__ import annotations
+
+import torch
+
+
+class EpochCell:
+    """The epoch an object iterates, and how many DataLoader workers last iterated it.
+
+    Shared memory survives the fork or pickling into DataLoader workers, so the main process and
+    its workers read the same values. ``workers`` is -1 until a first pass starts.
+    """
+
+    def __init__(self) -> None:
+        self._slots = torch.tensor([0, -1], dtype=torch.int64).share_memory_()
+
+    @property
+    def epoch(self) -> int:
+        return int(self._slots[0])
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self._slots[0] = int(value)
+
+    @property
+    def workers(self) -> int:
+        return int(self._slots[1])
+
+    @workers.setter
+    def workers(self, value: int) -> None:
+        self._slots[1] = int(value)

@@ -1,0 +1,96 @@
+"""The checkpoint contract shared by every object that iterates (pure: json-safe dicts, no torch).
+
+A state is a small JSON dict: ``version``, ``kind``, ``epoch``, a ``fingerprint`` of everything
+that decides the order of the epoch, and the progress (``history``: batches per rank consumed
+under each topology this epoch, oldest first). Loading checks the fingerprint field by field and
+every number against its range, so a state that does not fit is refused with the field named,
+never guessed at.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Mapping
+
+import numpy as np
+
+from .elastic import Segment
+from .errors import StateError
+
+STATE_VERSION = 2
+MAX_WORLD_SIZE = 1 << 16
+MAX_NUM_WORKERS = 1 << 10
+MAX_GLOBAL_WORKERS = 1 << 18  # folding a history costs O(global workers) per segment
+MAX_SEGMENTS = 1 << 12
+
+
+def catalog_digest(urls: Any, file_sizes: Any, rg_file: Any, rg_rows: Any) -> str:
+    """A short hash of a catalog's files, sizes and row-group layout: what sample ids depend on."""
+    h = hashlib.sha256()
+    for url in urls:
+        h.update(url.encode())
+        h.update(b"\0")
+    for array in (file_sizes, rg_file, rg_rows):
+        h.update(np.ascontiguousarray(array, dtype=np.int64).tobytes())
+    return h.hexdigest()[:20]
+
+
+def check_fingerprint(saved: Any, mine: Mapping[str, Any], what: str) -> None:
+    """Raise ``StateError`` naming the first field where ``saved`` differs from ``mine``."""
+    if not isinstance(saved, Mapping):
+        raise StateError(f"state['fingerprint'] must be a dict, got {type(saved).__name__}")
+    for key, value in mine.items():
+        if key not in saved:
+            raise StateError(f"state['fingerprint'] has no {key!r}; this {what} has {key}={value!r}")
+        if saved[key] != value:
+            hint = " (the files, their sizes or their row groups changed)" if key == "catalog" else ""
+            raise StateError(
+                f"the state was saved with {key}={saved[key]!r} but this {what} has {key}={value!r}{hint}; "
+                "resuming would deliver other rows than the saved run"
+            )
+    extra = sorted(set(saved) - set(mine))
+    if extra:
+        raise StateError(f"state['fingerprint'] has fields this {what} does not know: {extra}")
+
+
+def require(state: Any, kinds: tuple[str, ...], keys: tuple[str, ...], what: str) -> Mapping[str, Any]:
+    """``state`` if it is a dict of this version and kind with every key; ``StateError`` otherwise."""
+    if not isinstance(state, Mapping):
+        raise StateError(f"a {what} state must be a dict, got {type(state).__name__}")
+    if state.get("version") != STATE_VERSION:
+        raise StateError(f"state['version'] is {state.get('version')!r}; this streamshard reads version {STATE_VERSION}")
+    if state.get("kind") not in kinds:
+        raise StateError(f"state['kind'] is {state.get('kind')!r}; a {what} loads {list(kinds)}")
+    missing = [k for k in keys if k not in state]
+    if missing:
+        raise StateError(f"state has no {missing[0]!r} (a {state['kind']} state of a {what} needs {list(keys)})")
+    return state
+
+
+def int_field(state: Mapping[str, Any], key: str, low: int, high: int | None = None) -> int:
+    value = state[key]
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise StateError(f"state[{key!r}] must be an int, got {value!r:.80}")
+    if value < low or (high is not None and value > high):
+        raise StateError(f"state[{key!r}] = {value} is outside [{low}, {high if high is not None else 'inf'}]")
+    return int(value)
+
+
+def parse_history(raw: Any) -> list[Segment]:
+    """The ``history`` list as segments; every count checked against its range."""
+    if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_SEGMENTS:
+        raise StateError(f"state['history'] must be a list of 1 to {MAX_SEGMENTS} segments, got {raw!r:.80}")
+    out = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, Mapping) or set(item) != {"world_size", "num_workers", "batches"}:
+            raise StateError(f"state['history'][{i}] must be {{world_size, num_workers, batches}}, got {item!r:.80}")
+        world = int_field(item, "world_size", 1, MAX_WORLD_SIZE)
+        workers = int_field(item, "num_workers", 0, MAX_NUM_WORKERS)
+        if world * max(workers, 1) > MAX_GLOBAL_WORKERS:
+            raise StateError(f"state['history'][{i}]: {world} ranks x {workers} workers exceeds {MAX_GLOBAL_WORKERS} global workers")
+        out.append(Segment(world, workers, int_field(item, "batches", 0)))
+    return out
+
+
+def history_json(history: list[Segment]) -> list[dict[str, int]]:
+    return [segment.to_json() for segment in history]
