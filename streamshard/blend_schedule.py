@@ -33,11 +33,12 @@ valid up to :data:`MAX_SAMPLES`.
 from __future__ import annotations
 
 import heapq
-import operator
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
+from .validate import check_int
 
 from streamshard.permutation import Permutation, mix_seed
 
@@ -51,19 +52,6 @@ _CHUNK = 1 << 25  # export chunk: large amortises per-corpus Python calls, small
 _SUB = 1 << 17  # samples per corpus per vector op in export (1 MiB arrays, about L2)
 _BLOCK = 1 << 15  # positions per block of a walk down the tree
 _PACK = 48  # export packs corpus << 48 | index into one int64 (indices < MAX_SAMPLES = 2**48)
-
-
-def _check_int(value: Any, name: str, low: int, high: int) -> int:
-    """Return ``value`` as an int in ``[low, high]``; TypeError/ValueError naming ``name``."""
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be an integer, got bool {value!r}")
-    try:
-        as_int = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
-    if not low <= as_int <= high:
-        raise ValueError(f"{name} must be in [{low}, {high}], got {as_int}")
-    return as_int
 
 
 def _check_weights(weights: Any) -> np.ndarray:
@@ -97,7 +85,7 @@ def blend_counts(weights: Any, n: int) -> np.ndarray:
     Zero weights get zero samples.
     """
     w = _check_weights(weights)
-    n = _check_int(n, "n", 0, MAX_SAMPLES)
+    n = check_int(n, "n", 0, MAX_SAMPLES)
     ratios = [float(x).as_integer_ratio() for x in w]
     denom = max(q for _, q in ratios)  # powers of two, so this is a common denominator
     scaled = [p * (denom // q) for p, q in ratios]
@@ -236,8 +224,8 @@ class BlendSchedule:
     """
 
     def __init__(self, weights: Any, num_samples: int, seed: int = 0, order: str = "fair") -> None:
-        self._num_samples = _check_int(num_samples, "num_samples", 0, MAX_SAMPLES)
-        self._seed = _check_int(seed, "seed", 0, 2**64 - 1)
+        self._num_samples = check_int(num_samples, "num_samples", 0, MAX_SAMPLES)
+        self._seed = check_int(seed, "seed", 0, 2**64 - 1)
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
         self._order = order
@@ -283,7 +271,7 @@ class BlendSchedule:
         """``(corpus, index)`` for an int (Python ints back) or an integer array (two int64 arrays
         of the same shape). Positions must lie in ``[0, num_samples)``: IndexError otherwise."""
         if np.ndim(positions) == 0 and not isinstance(positions, np.ndarray):
-            p = _check_int(positions, "positions", -_INT63, _INT63 - 1)
+            p = check_int(positions, "positions", -_INT63, _INT63 - 1)
             corpus, index = self._lookup_flat(self._validated(np.asarray([p], np.int64)))
             return int(corpus[0]), int(index[0])
         arr = np.asarray(positions)
@@ -297,7 +285,7 @@ class BlendSchedule:
         """Samples of each corpus among positions ``[0, m)`` of the fair order (int64).
 
         This is also where each corpus resumes after ``m`` fair-order steps."""
-        m = _check_int(m, "m", 0, self._num_samples)
+        m = check_int(m, "m", 0, self._num_samples)
         return self._tree.prefix_counts(m)
 
     def export_megatron(self, span: Any = None) -> tuple[np.ndarray, np.ndarray]:
@@ -330,7 +318,7 @@ class BlendSchedule:
             if not 0 <= span.start <= span.stop <= self._num_samples:
                 raise ValueError(f"span {span!r} is not inside range(0, {self._num_samples})")
             return span.start, span.stop
-        return 0, _check_int(span, "span", 0, self._num_samples)
+        return 0, check_int(span, "span", 0, self._num_samples)
 
     def _packable(self) -> bool:
         """Corpus ids fit int16 (Megatron's dataset_index) and the ``corpus << 48`` packing."""

@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from .validate import check_int
+
 __all__ = ["Permutation", "mix_seed"]
 
 MAX_N = 2**62
@@ -73,19 +75,6 @@ def _mix64(z: int) -> int:
     return z ^ (z >> 31)
 
 
-def _check_int(value: Any, name: str, low: int, high: int) -> int:
-    """Return ``value`` as an int in ``[low, high]``; TypeError/ValueError naming ``name``."""
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be an integer, got bool {value!r}")
-    try:
-        as_int = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
-    if not low <= as_int <= high:
-        raise ValueError(f"{name} must be in [{low}, {high}], got {as_int}")
-    return as_int
-
-
 def _round_keys(base: int, rounds: int) -> tuple[int, ...]:
     """Independent-looking 64-bit round keys: the splitmix64 stream started at ``base``."""
     return tuple(_mix64((base + (r + 1) * _GAMMA) & _MASK64) for r in range(rounds))
@@ -102,7 +91,7 @@ def mix_seed(*keys: int) -> int:
     """
     h = _SEED_IV
     for position, key in enumerate(keys):
-        key = _check_int(key, f"keys[{position}]", 0, _MASK64)
+        key = check_int(key, f"keys[{position}]", 0, _MASK64)
         h = _mix64(((h ^ key) + _GAMMA) & _MASK64)
     return _mix64(h ^ len(keys))
 
@@ -120,8 +109,8 @@ class Permutation:
     __slots__ = ("_n", "_seed", "_low_bits", "_high_bits", "_rounds", "_keys", "_ukeys")
 
     def __init__(self, n: int, seed: int) -> None:
-        self._n = _check_int(n, "n", 0, MAX_N)
-        self._seed = _check_int(seed, "seed", 0, _MASK64)
+        self._n = check_int(n, "n", 0, MAX_N)
+        self._seed = check_int(seed, "seed", 0, _MASK64)
         k = max(2, (self._n - 1).bit_length())
         self._low_bits = k // 2
         self._high_bits = k - self._low_bits

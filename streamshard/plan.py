@@ -25,6 +25,7 @@ from functools import cached_property
 import numpy as np
 
 from .permutation import Permutation, mix_seed
+from .validate import check_int
 
 UNITS = ("row_group", "file")
 UNEVEN_POLICIES = ("pad", "drop")
@@ -45,21 +46,15 @@ class PlanConfig:
     shuffle_window: int = 1  # consecutive pieces of a worker whose rows are interleaved at random
 
     def __post_init__(self) -> None:
-        if isinstance(self.shuffle_window, bool) or not isinstance(self.shuffle_window, (int, np.integer)) or self.shuffle_window < 1:
-            raise ValueError(f"shuffle_window must be an int >= 1, got {self.shuffle_window!r}")
+        check_int(self.shuffle_window, "shuffle_window", 1)
         if self.shuffle_window > 1 and not self.shuffle:
             raise ValueError("shuffle_window > 1 mixes rows at random, so it needs shuffle=True")
         if self.unit not in UNITS:
             raise ValueError(f"unit must be one of {UNITS}, got {self.unit!r}")
         if self.uneven not in UNEVEN_POLICIES:
             raise ValueError(f"uneven must be one of {UNEVEN_POLICIES}, got {self.uneven!r}")
-        if self.batch_size is not None:
-            if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, (int, np.integer)):
-                raise ValueError(f"batch_size must be a positive int or None, got {self.batch_size!r}")
-            if self.batch_size <= 0:
-                raise ValueError(f"batch_size must be a positive int or None, got {self.batch_size}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or not 0 <= self.seed < 2**64:
-            raise ValueError(f"seed must be an int in [0, 2**64), got {self.seed!r}")
+        check_int(self.batch_size, "batch_size", 1, none_ok=True)
+        check_int(self.seed, "seed", 0, 2**64 - 1)
 
 
 @dataclass(frozen=True)

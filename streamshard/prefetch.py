@@ -32,6 +32,7 @@ import torch
 
 from .pinned_pool import BufferPool, Fence, size_class, stage_into_pool
 from .tensor_tree import map_tensors
+from .validate import check_int
 
 __all__ = ["BufferPool", "DevicePrefetcher", "Fence", "map_tensors", "size_class", "stage_into_pool"]
 
@@ -235,8 +236,7 @@ class DevicePrefetcher:
     """
 
     def __init__(self, iterable: Iterable[Any], device: str | torch.device, depth: int = 2) -> None:
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"depth must be an int >= 1, got {depth!r}")
+        check_int(depth, "depth", 1)
         if not isinstance(iterable, Iterable):
             raise TypeError(f"iterable must be iterable, got {type(iterable).__name__}")
         self.iterable = iterable
