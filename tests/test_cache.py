@@ -25,7 +25,7 @@ from streamshard.cache import (
     RecordSpecError,
     module_fingerprint,
 )
-from streamshard.cache_index import IdIndex as _IdIndex
+from streamshard.cache.index import IdIndex as _IdIndex
 
 DIM = 16  # float32 records of 64 bytes: a multiple of 8, so every byte of a disk slot is checked
 

@@ -46,20 +46,13 @@ from typing import Callable, Sequence, Union
 import numpy as np
 import torch
 
-from .cache_dir import CacheFiles, RecordSpec, key_digest, lock_directory, open_disk, read_meta, wipe_files
-from .cache_disk import DiskTier
-from .cache_errors import CacheError, CacheLockedError, CacheWarning, RecordSpecError
-from .cache_host import HostTier
+from ..validate import check_int
+from .directory import CacheFiles, RecordSpec, key_digest, lock_directory, open_disk, read_meta, wipe_files
+from .disk import DiskTier
+from .errors import CacheError, CacheLockedError, CacheWarning, RecordSpecError
+from .host import HostTier
 
-__all__ = [
-    "ActivationCache",
-    "CacheError",
-    "CacheLockedError",
-    "CacheStats",
-    "CacheWarning",
-    "RecordSpecError",
-    "module_fingerprint",
-]
+__all__ = ["ActivationCache", "CacheStats", "module_fingerprint"]
 
 logger = logging.getLogger(__name__)
 
@@ -136,9 +129,8 @@ class ActivationCache:
         disk_bytes: int = 16 << 30,
         key: str | bytes | None = None,
     ) -> None:
-        for name, value in (("host_bytes", host_bytes), ("disk_bytes", disk_bytes)):
-            if not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        host_bytes = check_int(host_bytes, "host_bytes", low=0)
+        disk_bytes = check_int(disk_bytes, "disk_bytes", low=0)
         if key is not None and not isinstance(key, (str, bytes)):
             raise TypeError(f"key must be str or bytes, got {type(key).__name__}")
         if directory is not None and key is None:

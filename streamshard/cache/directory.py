@@ -18,8 +18,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .cache_disk import DiskTier
-from .cache_errors import CacheLockedError
+from .disk import DiskTier
+from .errors import CacheLockedError
 
 __all__ = ["CacheFiles", "RecordSpec", "key_digest", "lock_directory", "open_disk", "read_meta", "wipe_files"]
 

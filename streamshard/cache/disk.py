@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from .cache_index import GOLDEN, IdIndex
+from .index import GOLDEN, IdIndex
 
 __all__ = ["DiskTier"]
 

@@ -1,8 +1,8 @@
-"""The exception and warning types of :class:`streamshard.cache.ActivationCache` (re-exported there)."""
+"""The exception and warning types of :class:`streamshard.cache.ActivationCache` (re-exported by the package)."""
 
 from __future__ import annotations
 
-from .errors import StreamshardError
+from ..errors import StreamshardError
 
 __all__ = ["CacheError", "CacheLockedError", "CacheWarning", "RecordSpecError"]
 

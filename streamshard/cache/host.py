@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cache_index import IdIndex
+from .index import IdIndex
 
 __all__ = ["HostTier"]
 
