@@ -9,7 +9,7 @@ or ``@file.json``). Expected failures print one line, ``streamshard: error: ...`
 for data errors (catalog, read, conversion) or 2 for usage errors; never a traceback.
 
 This module is the command line itself: arguments, dispatch, output and exit codes. Each
-subcommand's work and its text rendering live in ``cli_inspect``, ``cli_plan`` and ``cli_bench``.
+subcommand's work and its text rendering live in ``inspect``, ``plan`` and ``bench`` beside it.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import os
 import sys
 from typing import Any, Sequence, TextIO
 
-from .cli_bench import render_bench, run_bench
-from .cli_inspect import render_inspect, run_inspect
-from .cli_plan import render_plan, run_plan
-from .errors import StreamshardError
-from .plan import UNEVEN_POLICIES, UNITS
+from ..errors import StreamshardError
+from ..plan import UNEVEN_POLICIES, UNITS
+from .bench import render_bench, run_bench
+from .inspect import render_inspect, run_inspect
+from .plan import render_plan, run_plan
 
 PROG = "streamshard"
 EXIT_DATA, EXIT_USAGE = 1, 2

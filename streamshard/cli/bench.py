@@ -13,10 +13,10 @@ from typing import Any, TextIO
 
 import torch
 
-from .dataset import ParquetStream
-from .delivery import DeliveryStats
-from .loader import StreamLoader
-from .topology import current_worker
+from ..dataset import ParquetStream
+from ..delivery import DeliveryStats
+from ..loader import StreamLoader
+from ..topology import current_worker
 
 
 def run_bench(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:

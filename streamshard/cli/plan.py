@@ -11,9 +11,9 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from .catalog import Catalog
-from .cli_inspect import spread
-from .plan import UNEVEN_POLICIES, EpochPlan, PlanConfig
+from ..catalog import Catalog
+from ..plan import UNEVEN_POLICIES, EpochPlan, PlanConfig
+from .inspect import spread
 
 
 def run_plan(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:

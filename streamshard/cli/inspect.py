@@ -16,10 +16,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from .catalog import Catalog, list_files, read_footer
-from .errors import CatalogError, ConversionError
-from .storage import FileSystems
-from .tensors import BatchConverter
+from ..catalog import Catalog, list_files, read_footer
+from ..errors import CatalogError, ConversionError
+from ..storage import FileSystems
+from ..tensors import BatchConverter
 
 MIB = 1024 * 1024
 
