@@ -23,7 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import collective
-from .catalog_cache import CatalogCache, FileEntry, footer_from_dict, footer_to_dict
+from .catalog_cache import CatalogCache, footer_from_dict, footer_to_dict
+from .catalog_records import FileEntry, FileFooter
 from .errors import CatalogError
 from .plan import Layout
 from .state import catalog_digest
@@ -35,20 +36,6 @@ log = logging.getLogger("streamshard")
 
 _GLOB_CHARS = ("*", "?", "[")
 _VERSION_KEYS = ("ETag", "etag", "generation", "md5Hash", "mtime", "LastModified", "last_modified", "updated")
-
-
-@dataclass(frozen=True)
-class FileFooter:
-    """What one file's footer contributes to the catalog."""
-
-    url: str
-    size: int
-    row_group_rows: np.ndarray  # int64, one entry per row group
-    schema: pa.Schema  # projected arrow schema, in projection order
-    maybe_null: frozenset[str]  # projected columns whose statistics do not rule out nulls
-    footer_length: int = 0  # the Thrift footer's length (the 8 bytes after it are not counted)
-    ranges: np.ndarray | None = None  # int64 (row groups, projected columns, 2): [start, end)
-    version: str = ""  # ETag / mtime the listing reported ('' if none)
 
 
 @dataclass(frozen=True, eq=False)

@@ -17,27 +17,19 @@ import json
 import logging
 import os
 import tempfile
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
+
+from .catalog_records import FileEntry, FileFooter
 
 log = logging.getLogger("streamshard")
 
 FORMAT_VERSION = 1
 
 
-@dataclass(frozen=True)
-class FileEntry:
-    """A listed file: its URL, size in bytes and version token ('' when the store has none)."""
-
-    url: str
-    size: int
-    version: str
-
-
-def footer_to_dict(footer: Any) -> dict[str, Any]:
+def footer_to_dict(footer: FileFooter) -> dict[str, Any]:
     """A ``FileFooter`` as plain JSON-safe data (for the cache and for all-gathers)."""
     ranges = footer.ranges if footer.ranges is not None else np.zeros((0, 0, 2), np.int64)
     return {
@@ -53,10 +45,8 @@ def footer_to_dict(footer: Any) -> dict[str, Any]:
     }
 
 
-def footer_from_dict(data: dict[str, Any]) -> Any:
+def footer_from_dict(data: dict[str, Any]) -> FileFooter:
     """The ``FileFooter`` that ``footer_to_dict`` described."""
-    from .catalog import FileFooter  # the catalog imports this module; the dataclass lives there
-
     schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(data["schema"])))
     ranges = np.array(data["ranges"], dtype=np.int64).reshape(data["ranges_shape"])
     return FileFooter(
