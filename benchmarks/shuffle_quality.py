@@ -1,13 +1,15 @@
 """How well each shuffle mixes a corpus sorted by topic, measured on the planner (no I/O).
 
-The corpus: 64 files x 8 row groups x 2,000 rows, sorted so each run of 32 row groups is one of
-16 topics (as data written partitioned by source often is). For batches of 256 rows delivered by
-one global worker (of 8), we report
-  * distinct row groups per batch (more = more mixing),
-  * total-variation distance between a batch's topic histogram and the corpus's (0 = a perfect
-    mix, 1 = a batch from one topic only), mean over batches,
-against a full shuffle (numpy permutation of every row id), the ceiling no streaming loader reaches
-without random access to the whole corpus.
+The corpus: 32 files x 8 row groups x 1,000 rows, each file one topic (as data written
+partitioned by source often is). For batches of 256 rows delivered by every global worker of
+2 ranks x 2 workers, we report
+  * the mean share of a batch taken by its most common file (1.0 = every batch from one file),
+  * the fraction of batches drawn from a single file,
+  * distinct row groups per batch,
+  * decoded row groups a worker holds at once for the mixing (the shuffle window; read-ahead adds
+    its own ``read_ahead``), and the row groups read per row group of the corpus (1.0 = no extra bytes),
+against a full shuffle (a numpy permutation of every row id, cut the same way), the ceiling no
+streaming loader reaches without random access to the whole corpus.
 
     .venv/bin/python benchmarks/shuffle_quality.py
 """
@@ -16,56 +18,61 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import numpy as np
 
 from streamshard.batch_plan import StreamSchedule
 from streamshard.plan import EpochPlan, Layout, PlanConfig
 
-FILES, GROUPS, ROWS, TOPICS, BATCH, WORKERS = 64, 8, 2_000, 16, 256, 8
+FILES, GROUPS, ROWS, BATCH, RANKS, WORKERS = 32, 8, 1_000, 256, 2, 2
+GLOBAL = RANKS * WORKERS
 
 
-def metrics(ids: np.ndarray, rg_of_row: np.ndarray, topic_of_rg: np.ndarray) -> tuple[float, float]:
-    usable = len(ids) // BATCH * BATCH
-    batches = ids[:usable].reshape(-1, BATCH)
-    rgs = rg_of_row[batches]
-    distinct = np.mean([len(np.unique(row)) for row in rgs])
-    topics = topic_of_rg[rgs]
-    hist = np.stack([np.bincount(t, minlength=TOPICS) for t in topics]) / BATCH
-    tv = 0.5 * np.abs(hist - 1.0 / TOPICS).sum(axis=1).mean()
-    return float(distinct), float(tv)
+def metrics(batches: list[np.ndarray], file_of_row: np.ndarray, rg_of_row: np.ndarray) -> dict[str, float]:
+    top_share, single, distinct = [], 0, []
+    for ids in batches:
+        counts = np.bincount(file_of_row[ids], minlength=FILES)
+        top_share.append(counts.max() / len(ids))
+        single += int(np.count_nonzero(counts) == 1)
+        distinct.append(len(np.unique(rg_of_row[ids])))
+    return {"top_file_share": float(np.mean(top_share)), "single_file_batches": single / len(batches),
+            "row_groups_per_batch": float(np.mean(distinct))}
 
 
 def main() -> None:
     layout = Layout(np.full(FILES * GROUPS, ROWS, dtype=np.int64), np.repeat(np.arange(FILES), GROUPS).astype(np.int64))
     rg_of_row = np.repeat(np.arange(FILES * GROUPS), ROWS)
-    topic_of_rg = np.arange(FILES * GROUPS) * TOPICS // (FILES * GROUPS)
-    cases = [
-        ("no shuffle", dict(shuffle=False)),
-        ("unit=file, rows shuffled", dict(shuffle=True, unit="file")),
-        ("unit=file, shuffle_window=4", dict(shuffle=True, unit="file", shuffle_window=4)),
-        ("unit=row_group, rows shuffled", dict(shuffle=True)),
-        ("unit=row_group, shuffle_window=2", dict(shuffle=True, shuffle_window=2)),
-        ("unit=row_group, shuffle_window=4", dict(shuffle=True, shuffle_window=4)),
-        ("unit=row_group, shuffle_window=8", dict(shuffle=True, shuffle_window=8)),
-        ("unit=row_group, shuffle_window=16", dict(shuffle=True, shuffle_window=16)),
-    ]
+    file_of_row = rg_of_row // GROUPS
+    cases = [("no shuffle", dict(shuffle=False))]
+    cases += [(f"unit=file, shuffle_window={w}", dict(shuffle=True, unit="file", shuffle_window=w)) for w in (1, 8)]
+    cases += [(f"unit=row_group, shuffle_window={w}", dict(shuffle=True, shuffle_window=w)) for w in (1, 2, 4, 8, 16, 32)]
     results = []
     for name, kwargs in cases:
-        plan = EpochPlan(layout, PlanConfig(seed=0, **kwargs), 0, WORKERS)
-        start = time.perf_counter()
-        ids = StreamSchedule(plan, 0).sample_ids()
-        elapsed = time.perf_counter() - start
-        distinct, tv = metrics(ids, rg_of_row, topic_of_rg)
-        results.append({"case": name, "distinct_row_groups_per_batch": distinct, "topic_tv_distance": tv, "plan_seconds": elapsed})
-    full = np.random.default_rng(0).permutation(len(rg_of_row))[: len(rg_of_row) // WORKERS]
-    distinct, tv = metrics(full, rg_of_row, topic_of_rg)
-    results.append({"case": "full shuffle (numpy, random access)", "distinct_row_groups_per_batch": distinct, "topic_tv_distance": tv, "plan_seconds": None})
+        plan = EpochPlan(layout, PlanConfig(seed=0, batch_size=BATCH, **kwargs), 0, GLOBAL)
+        batches, reads = [], 0
+        for worker in range(GLOBAL):
+            schedule = StreamSchedule(plan, worker)
+            for spec in schedule.batches():
+                if spec.rows == BATCH:  # full batches only: a worker's short last one says nothing
+                    batches.append(spec.sample_id)
+            reads += len(schedule.pieces)
+        results.append({"case": name, **metrics(batches, file_of_row, rg_of_row),
+                        "row_groups_held": kwargs.get("shuffle_window", 1),
+                        "reads_per_row_group": reads / (FILES * GROUPS)})
+    perm = np.random.default_rng(0).permutation(len(rg_of_row))
+    full = [perm[i : i + BATCH] for i in range(0, len(perm) - BATCH + 1, BATCH)]
+    results.append({"case": "full shuffle (numpy, random access)", **metrics(full, file_of_row, rg_of_row),
+                    "row_groups_held": FILES * GROUPS, "reads_per_row_group": None})
 
-    print(f"{'case':40} {'row groups/batch':>17} {'topic TV':>9}")
+    reference = results[-1]["top_file_share"]
+    print(f"{FILES} files x {GROUPS} row groups x {ROWS} rows, one topic per file; batch {BATCH}, "
+          f"{RANKS} ranks x {WORKERS} workers")
+    print(f"{'case':38} {'top-file share':>14} {'vs full':>8} {'1-file batches':>15} {'rgs/batch':>10} "
+          f"{'rgs held':>9} {'reads/rg':>9}")
     for r in results:
-        print(f"{r['case']:40} {r['distinct_row_groups_per_batch']:17.1f} {r['topic_tv_distance']:9.3f}")
+        reads = "-" if r["reads_per_row_group"] is None else f"{r['reads_per_row_group']:.2f}"
+        print(f"{r['case']:38} {r['top_file_share']:14.3f} {r['top_file_share'] / reference:7.1f}x "
+              f"{r['single_file_batches']:15.1%} {r['row_groups_per_batch']:10.1f} {r['row_groups_held']:9} {reads:>9}")
     os.makedirs(os.path.join(os.path.dirname(__file__), "out"), exist_ok=True)
     with open(os.path.join(os.path.dirname(__file__), "out", "shuffle_quality.json"), "w") as f:
         json.dump(results, f, indent=2)

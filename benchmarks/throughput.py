@@ -47,6 +47,7 @@ from torch.utils.data import DataLoader, IterableDataset
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from streamshard import tensors as ss_tensors  # noqa: E402
 from streamshard.dataset import ParquetStream  # noqa: E402
+from streamshard.loader import StreamLoader  # noqa: E402
 from streamshard.delivery import spec_table  # noqa: E402
 from streamshard.reader import RowGroupReader  # noqa: E402
 from streamshard.testing import write_corpus  # noqa: E402
@@ -269,10 +270,13 @@ def stream_pass(loader: Any, total_rows: int) -> dict[str, float]:
 
 
 def make_loader(
-    paths: str, batch_size: int | None, num_workers: int, options: dict[str, Any] | None, **kwargs: Any
+    paths: str, batch_size: int | None, num_workers: int, options: dict[str, Any] | None, loader: str = "dataloader",
+    **kwargs: Any,
 ) -> Any:
     ds = ParquetStream(paths, columns=COLUMNS, batch_size=batch_size, storage_options=options, **kwargs)
     ds.set_epoch(0)  # footers read here, once, in the main process
+    if loader == "stream":  # every pass is the next epoch: another order, the same work
+        return StreamLoader(ds, num_workers=num_workers, persistent_workers=num_workers > 0)
     if num_workers == 0:
         return ds
     return DataLoader(ds, batch_size=None, num_workers=num_workers, persistent_workers=True)
@@ -492,6 +496,8 @@ def measure(directory: Path, stats: CorpusStats, spec: CorpusSpec, repeats: int,
     """Run every configuration ``repeats`` times (plus a warm-up round), interleaved."""
     streams: list[tuple[str, str, int | None, int, dict[str, Any] | None, dict[str, Any]]] = [
         ("ParquetStream local, bs=None, 2 workers", str(directory), None, 2, None, {}),
+        ("ParquetStream local, defaults (bs=256), 2 workers", str(directory), 256, 2, None, {}),
+        ("StreamLoader local, defaults (bs=256), 2 workers", str(directory), 256, 2, None, {"loader": "stream"}),
         ("ParquetStream local, bs=None, 1 worker", str(directory), None, 1, None, {}),
         ("ParquetStream local, bs=1024, 2 workers", str(directory), 1024, 2, None, {}),
         ("ParquetStream local, bs=None, 2 workers, lists=flat", str(directory), None, 2, None, {"lists": "flat"}),

@@ -21,6 +21,7 @@ from .dataset import ParquetStream
 from .delivery import deliver
 from .reader import RowGroupReader
 from .resume import Planner, Start
+from .schema import read_as, same_logical_type
 from .stream_base import PlannedStream
 from .tensors import Batch
 from .topology import resolve_rank_world
@@ -149,9 +150,8 @@ class BlendedStream(PlannedStream):
             ds = self.datasets[what.source]
             if what.source not in readers:
                 readers[what.source] = RowGroupReader.from_catalog(ds.catalog, ds.storage_options)
-            table = ds._read(readers[what.source], Read(0, what.rg))
-            # Types were checked equal; nullability flags may still differ between corpora's files.
-            return table if table.schema.equals(schema) else table.cast(schema)
+            # Logical types were checked equal; representation and nullability may still differ.
+            return read_as(ds._read(readers[what.source], Read(0, what.rg)), schema, f"corpus {self.names[what.source]!r}")
 
         try:
             read_ahead = max(ds.read_ahead for ds in self.datasets)
@@ -174,7 +174,7 @@ class BlendedStream(PlannedStream):
                     lacking = ref_name if column not in a.names else name
                     raise ValueError(f"corpora {ref_name!r} and {name!r} differ in column {column!r}: "
                                      f"corpus {lacking!r} does not have it")
-                if a.field(column).type != b.field(column).type:
+                if not same_logical_type(a.field(column).type, b.field(column).type):
                     raise ValueError(f"corpora {ref_name!r} and {name!r} differ in column {column!r}: "
                                      f"{a.field(column).type} vs {b.field(column).type}")
             diff = sorted(set(ref.converter.keys) ^ set(ds.converter.keys))

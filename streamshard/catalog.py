@@ -16,7 +16,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +27,7 @@ from .catalog_cache import CatalogCache, footer_from_dict, footer_to_dict
 from .catalog_records import FileEntry, FileFooter
 from .errors import CatalogError
 from .plan import Layout
+from .schema import parse_cast, unify
 from .state import catalog_digest
 from .footer import FooterError, chunk_ranges, parse_footer, tail_range
 from .retry import RetriesExhausted, RetryPolicy, call_with_retry, describe
@@ -119,6 +120,7 @@ class Catalog:
         cache_dir: str | None = None,
         retry: RetryPolicy | None = None,
         distributed: bool = True,
+        cast: Mapping[str, Any] | None = None,
     ) -> "Catalog":
         """List the files ``paths`` names and read every footer.
 
@@ -126,10 +128,14 @@ class Catalog:
         ``retry``: how transient storage faults are retried (default ``RetryPolicy()``).
         ``distributed``: when torch.distributed is initialised, split the footer reads across
         ranks (every rank must call ``build`` with the same arguments); False reads all here.
+        ``cast``: ``{column: Arrow type or name}`` read as that type whatever each file says.
+        Physical differences between writers (``large_list`` vs ``list``, dictionary-encoded vs
+        plain, list item names, nullability) never need a cast (``schema.py``).
 
         Raises ``CatalogError`` when a path matches nothing, a file is not Parquet, a projected
-        column is missing, or two files disagree on a column's type (naming both files).
+        column is missing, or two files disagree on a column's logical type (naming both files).
         """
+        targets = parse_cast(cast)
         projection = list(columns) if columns is not None else None
         if projection is not None and len(set(projection)) != len(projection):
             raise ValueError(f"columns has duplicates: {projection}")
@@ -144,14 +150,15 @@ class Catalog:
             footers = _build_local(paths, projection, filesystems, policy, cache, max_concurrency)
         else:
             footers = _build_distributed(paths, projection, filesystems, policy, cache, max_concurrency, *group)
-        return cls.from_footers(footers)
+        return cls.from_footers(footers, targets)
 
     @classmethod
-    def from_footers(cls, footers: Sequence[FileFooter]) -> "Catalog":
-        """Assemble a catalog from footers already read (in URL order), checking schema agreement."""
+    def from_footers(cls, footers: Sequence[FileFooter], cast: Mapping[str, pa.DataType] | None = None) -> "Catalog":
+        """Assemble a catalog from footers already read (in URL order), agreeing on one logical schema."""
         if not footers:
             raise CatalogError("no files to catalog")
-        schema = _agree_on_schema(footers)
+        nullable = set().union(*(f.maybe_null for f in footers))
+        schema = unify([(f.url, f.schema) for f in footers], nullable, cast or {})
         counts = np.array([len(f.row_group_rows) for f in footers], dtype=np.int64)
         rows = [f.row_group_rows for f in footers]
         rg_rows = np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, np.int64)
@@ -422,22 +429,3 @@ def _columns_maybe_null(metadata: pq.FileMetaData, schema: pa.Schema) -> frozens
 
 def _may_have_nulls(stats: pq.Statistics | None) -> bool:
     return stats is None or not stats.has_null_count or stats.null_count > 0
-
-
-def _agree_on_schema(footers: Sequence[FileFooter]) -> pa.Schema:
-    """One schema for all files, or a CatalogError naming two files that disagree."""
-    first = footers[0]
-    nullable = set().union(*(f.maybe_null for f in footers))
-    for other in footers[1:]:
-        if other.schema.names != first.schema.names:
-            raise CatalogError(
-                f"schemas disagree: {first.url} has columns {first.schema.names} but "
-                f"{other.url} has {other.schema.names}"
-            )
-        for a, b in zip(first.schema, other.schema):
-            if not a.type.equals(b.type):
-                raise CatalogError(
-                    f"schemas disagree on column {a.name!r}: {a.type} in {first.url} but "
-                    f"{b.type} in {other.url}"
-                )
-    return pa.schema([f.with_nullable(f.name in nullable) for f in first.schema])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import pickle
 import warnings
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -25,12 +25,17 @@ from .errors import ReadError
 from .plan import EpochPlan, Layout, PlanConfig
 from .reader import RowGroupReader
 from .resume import Planner, Start
+from .schema import parse_cast, read_as
 from .stream_base import PlannedStream
 from .tensors import LIST_FORMATS, Batch, BatchConverter
 from .topology import Topology, distributed_rank_world, resolve_rank_world
 from .validate import check_int
 
 log = logging.getLogger("streamshard")
+
+DEFAULT_BATCH_SIZE = 256
+DEFAULT_SHUFFLE_WINDOW = 16  # row groups mixed per batch by default (benchmarks/shuffle_quality.py)
+PADDING_WARNING = 0.10  # row-group-sized batches: warn when padding exceeds this share of the steps
 
 
 class ParquetStream(PlannedStream):
@@ -46,8 +51,11 @@ class ParquetStream(PlannedStream):
     Args:
         paths: a file, directory or glob, or a list of them; any fsspec URL.
         columns: columns to read (None: all). Missing columns are an error at catalog time.
-        batch_size: None for one batch per row-group slice; an int for exactly that many rows
-            per batch (a short last batch is padded with padding rows, or dropped with "drop").
+        batch_size: rows per batch (default 256): every batch holds exactly that many rows, a
+            worker's short last one topped up with padding rows (or dropped with "drop"), so
+            padding is at most about one batch per global worker per epoch. None asks for one
+            batch per row-group slice instead (sizes follow the row groups; a warning says when
+            that pads more than 10% of an epoch's steps).
         unit: what is shuffled and kept together: "row_group" or "file". Work is always
             balanced by rows; a unit may be split between two neighbouring workers.
         shuffle, seed: permute units and rows within each piece, deterministically per
@@ -58,18 +66,24 @@ class ParquetStream(PlannedStream):
         storage_options: passed to fsspec (credentials, endpoint_url, ...).
         transform: called on each batch inside the worker (padding batches included).
         read_ahead: row groups read in the background ahead of the one being consumed.
-        shuffle_window: with shuffle, interleave the rows of this many consecutive pieces of a
-            worker at random (no extra I/O; a worker then holds that many row groups at once).
+        shuffle_window: with shuffle, interleave the rows of this many consecutive pieces (row
+            groups) of a worker at random: no extra I/O, and a worker holds that many decoded row
+            groups at once (plus ``read_ahead``). Default: 16 with ``shuffle=True`` (a batch then
+            draws from ~16 files), 1 without; 1 keeps one row group at a time.
         partitions: canonical partitions for a topology-independent order (see ``canonical.py``).
         catalog_cache: a directory where the catalog is cached (JSON). None: no cache.
         lists: "padded" (list columns as 2-D tensors + lengths) or "flat" (1-D values + lengths).
+        cast: ``{column: Arrow type or name}`` to read a column as one type when files really
+            disagree (int32 in some, int64 in others). Files from different writers that differ
+            only physically (``large_list`` vs ``list``, dictionary-encoded vs plain, nullability)
+            stream together without it.
     """
 
     def __init__(
         self,
         paths: str | Sequence[str],
         columns: Sequence[str] | None = None,
-        batch_size: int | None = None,
+        batch_size: int | None = DEFAULT_BATCH_SIZE,
         unit: str = "row_group",
         shuffle: bool = False,
         seed: int = 0,
@@ -79,10 +93,11 @@ class ParquetStream(PlannedStream):
         storage_options: dict[str, Any] | None = None,
         transform: Callable[[Batch], Any] | None = None,
         read_ahead: int = 2,
-        shuffle_window: int = 1,
+        shuffle_window: int | None = None,
         partitions: int | None = None,
         catalog_cache: str | None = None,
         lists: str = "padded",
+        cast: Mapping[str, Any] | None = None,
     ) -> None:
         if isinstance(paths, (list, tuple)) and paths and all(isinstance(p, str) and p for p in paths):
             self.paths: list[str] = list(paths)
@@ -98,6 +113,8 @@ class ParquetStream(PlannedStream):
             raise ValueError(f"lists must be one of {LIST_FORMATS}, got {lists!r}")
         self.read_ahead = check_int(read_ahead, "read_ahead", 0, 64)
         self.partitions = check_int(partitions, "partitions", 1, none_ok=True)
+        if shuffle_window is None:
+            shuffle_window = DEFAULT_SHUFFLE_WINDOW if shuffle and partitions is None else 1
         if partitions is not None and (batch_size is None or shuffle_window != 1):
             raise ValueError("partitions= needs an int batch_size and shuffle_window=1")
         self.columns = list(columns) if columns is not None else None
@@ -110,6 +127,7 @@ class ParquetStream(PlannedStream):
         self.transform = transform
         self.catalog_cache = catalog_cache
         self.lists = lists
+        self.cast = {name: str(t) for name, t in parse_cast(cast).items()}  # JSON-safe: it goes into states
         self.stats_hook: Callable[[DeliveryStats], None] | None = None
         self._warned: set[str] = set()
         self._catalog: Catalog | None = None
@@ -133,7 +151,8 @@ class ParquetStream(PlannedStream):
     def catalog(self) -> Catalog:
         """The files and row groups, read from the footers on first access (then kept)."""
         if self._catalog is None:
-            catalog = Catalog.build(self.paths, self.columns, self.storage_options, cache_dir=self.catalog_cache)
+            catalog = Catalog.build(self.paths, self.columns, self.storage_options, cache_dir=self.catalog_cache,
+                                    cast=self.cast)
             self._converter = BatchConverter(catalog.schema, source=catalog.urls[0], lists=self.lists)
             self._catalog = catalog
         return self._catalog
@@ -193,13 +212,14 @@ class ParquetStream(PlannedStream):
             "catalog": catalog.digest, "files": catalog.num_files, "rows": catalog.num_rows,
             "columns": self.columns, batch[0]: batch[1], "unit": self.config.unit,
             "shuffle": self.config.shuffle, "seed": self.config.seed, "shuffle_window": self.config.shuffle_window,
-            "uneven": self.config.uneven, "partitions": self.partitions,
+            "uneven": self.config.uneven, "partitions": self.partitions, "cast": self.cast,
         }
 
     # -- iteration ----------------------------------------------------------------------------
     def _before_pass(self, start: Start, worker_id: int, num_workers: int) -> None:
         if worker_id == 0:
             self._warn_about_traps(num_workers)
+            self._warn_about_padding(num_workers)
         if isinstance(start.schedule, StreamSchedule) and start.schedule.worker == 0:
             plan = start.schedule.plan
             if self.config.uneven == "drop" and plan.dropped_rows():
@@ -221,7 +241,7 @@ class ParquetStream(PlannedStream):
     def _read(self, reader: RowGroupReader, what: Read) -> pa.Table:
         catalog = self.catalog
         file_index, index = int(catalog.rg_file[what.rg]), int(catalog.rg_index[what.rg])
-        table = reader.read(file_index, index)
+        table = read_as(reader.read(file_index, index), catalog.schema, f"{catalog.urls[file_index]}: row group {index}")
         if table.num_rows != catalog.rg_rows[what.rg]:
             raise ReadError(
                 f"{catalog.urls[file_index]}: row group {index} has {table.num_rows} rows but its footer said "
@@ -262,6 +282,20 @@ class ParquetStream(PlannedStream):
                     "units are split between workers, and each split one is decoded by every worker that "
                     "shares it; write smaller row groups or use fewer workers",
                 )
+
+    def _warn_about_padding(self, num_workers: int) -> None:
+        """Row-group-sized batches can pad a lot on uneven layouts: say so, with the fix."""
+        if self.config.batch_size is not None or self.partitions is not None or "padding" in self._warned:
+            return
+        summary = self.epoch_summary(num_workers)
+        steps = summary["steps_per_worker"] * summary["global_workers"]
+        if steps and summary["padding_batches"] / steps > PADDING_WARNING:
+            self._warn_once(
+                "padding",
+                f"batch_size=None: {summary['padding_batches']} of {steps} steps this epoch are padding "
+                f"({summary['padding_batches'] / steps:.0%}) because row groups differ in size; an int batch_size "
+                "pads at most one batch per worker",
+            )
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

@@ -6,8 +6,7 @@ import pytest
 
 from streamshard.testing import local_s3, write_corpus
 
-# One huge file, many tiny ones, an empty one, and row groups of wildly different sizes.
-SKEWED_LAYOUT = [[900, 700, 1100]] + [[3]] * 12 + [[]] + [[0, 5, 0]] + [[40, 1, 250]]
+from strategies import SKEWED_LAYOUT
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Hypothesis strategies and layout helpers shared by the property tests (no test imports another)."""
+"""Layouts and hypothesis strategies shared by the tests (no test module imports another)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from streamshard.plan import Layout, PlanConfig
+
+# One huge file, many tiny ones, an empty one, and row groups of wildly different sizes.
+SKEWED_LAYOUT = [[900, 700, 1100]] + [[3]] * 12 + [[]] + [[0, 5, 0]] + [[40, 1, 250]]
 
 rows_st = st.one_of(st.just(0), st.integers(1, 10_000), st.integers(1, 50))
 layouts = st.lists(st.lists(rows_st, max_size=20), min_size=1, max_size=200)

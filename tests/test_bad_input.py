@@ -76,7 +76,7 @@ def test_zero_row_files_and_row_groups_contribute_nothing(tmp_path):
     write_corpus(str(tmp_path), [[], [0, 4, 0], []])
     catalog = catalog_of(str(tmp_path))
     assert catalog.num_rows == 4 and catalog.num_files == 3
-    batches = list(ss.ParquetStream(str(tmp_path), rank=0, world_size=1))
+    batches = list(ss.ParquetStream(str(tmp_path), batch_size=None, rank=0, world_size=1))
     assert [b["sample_id"].tolist() for b in batches] == [[0, 1, 2, 3]]
 
 

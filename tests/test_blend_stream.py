@@ -20,7 +20,7 @@ from streamshard.blend_schedule import blend_counts
 from streamshard.dataset import ParquetStream
 from streamshard.testing import write_corpus
 from helpers import assert_equal_steps, assert_rows_match_ids, run_epoch
-from resume_harness import check_elastic_resume, check_loader_resume, same_batches
+from resume_harness import check_elastic_resume, check_loader_resume, check_stateful_resume, same_batches
 
 LAYOUTS = {  # three corpora of different sizes and row-group shapes
     "web": [[50, 30], [7], [], [64, 64, 1], [13]],  # 229 rows
@@ -192,6 +192,12 @@ def test_same_inputs_give_the_same_batches_and_the_seed_matters(corpora):
 def test_stream_loader_resumes_a_blend_exactly(corpora, num_workers, order):
     make = blender(corpora, order=order, batch_size=8)
     check_loader_resume(lambda: make(1, 2), num_workers, stops=[1, 3, 10_000], epoch=1)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_stateful_dataloader_resumes_a_blend_with_workers(corpora, num_workers):
+    make = blender(corpora, order="shuffled", batch_size=8)
+    check_stateful_resume(lambda: make(1, 2), num_workers, stops=[1, 5], epoch=1)
 
 
 @pytest.mark.parametrize("phases", [[(2, 2, 3), (3, 1, None)], [(1, 0, 4), (4, 2, 1), (2, 0, None)]])

@@ -80,7 +80,7 @@ def test_dataset_over_s3_fetches_little_more_than_the_projected_columns(s3, s3_t
         ds = ss.ParquetStream(url, columns=["a"], rank=0, world_size=1, storage_options=via(proxy, s3))
         ds.set_epoch(0)
         proxy.reset_counts()
-        rows = sum(len(batch["a"]) for batch in ds)
+        rows = sum(int((batch["sample_id"] >= 0).sum()) for batch in ds)
         assert rows == ROWS_PER_GROUP * GROUPS
         assert proxy.bytes("GET") <= 1.15 * column_bytes(metadata, "a")
         assert proxy.count("GET") <= GROUPS + 1

@@ -67,7 +67,7 @@ def test_canonical_mode_rejects_what_it_cannot_keep(skewed_corpus):
     with pytest.raises(ValueError, match="batch_size=5 must be a multiple"):
         list(ss.ParquetStream(skewed_corpus, batch_size=5, partitions=12, rank=0, world_size=2))
     with pytest.raises(ValueError, match="batch_size"):
-        ss.ParquetStream(skewed_corpus, partitions=12)
+        ss.ParquetStream(skewed_corpus, batch_size=None, partitions=12)
     loader = ss.StreamLoader(make(skewed_corpus, 0, 2), num_workers=2)
     list(itertools.islice(loader, 2))
     other = ss.StreamLoader(make(skewed_corpus, 0, 2), num_workers=3)

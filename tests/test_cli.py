@@ -90,7 +90,7 @@ def test_inspect_maps_columns_to_the_keys_batches_hold(corpus):
 
 
 def test_inspect_flags_unsupported_columns_without_failing(tmp_path):
-    table = pa.table({"a": [1, 2], "d": pa.array([1, 2], pa.decimal128(5, 2))})
+    table = pa.table({"a": [1, 2], "d": pa.array([[None], []], pa.list_(pa.null()))})  # no tensor meaning
     pq.write_table(table, tmp_path / "x.parquet")
     report = run_json("inspect", str(tmp_path))
     supported = {c["name"]: c["supported"] for c in report["columns"]}
@@ -148,7 +148,7 @@ def test_inspect_text_names_the_numbers(corpus):
 def test_plan_matches_the_dataset_epoch_summary(corpus, world, workers, batch_size, unit, shuffle, epoch, uneven):
     argv = ["plan", corpus, "--world-size", str(world), "--num-workers", str(workers), "--unit", unit,
             "--epoch", str(epoch), "--uneven", uneven, "--seed", "3"]
-    argv += ["--batch-size", str(batch_size)] if batch_size else []
+    argv += ["--batch-size", str(batch_size)] if batch_size else ["--row-group-batches"]
     report = run_json(*argv, *(["--shuffle"] if shuffle else []))
     ds = ParquetStream(corpus, batch_size=batch_size, unit=unit, shuffle=shuffle, seed=3, uneven=uneven,
                        rank=0, world_size=world)
@@ -171,12 +171,20 @@ def test_plan_matches_the_dataset_epoch_summary(corpus, world, workers, batch_si
 def test_plan_padding_and_rows_are_what_the_stream_yields(corpus, batch_size, uneven):
     world = 3
     argv = ["plan", corpus, "--world-size", str(world), "--num-workers", "0", "--uneven", uneven]
-    report = run_json(*argv, *(["--batch-size", str(batch_size)] if batch_size else []))
+    report = run_json(*argv, *(["--batch-size", str(batch_size)] if batch_size else ["--row-group-batches"]))
     for rank in range(world):
         ds = ParquetStream(corpus, columns=["id"], batch_size=batch_size, uneven=uneven, rank=rank, world_size=world)
         ids = np.concatenate([b["sample_id"].numpy() for b in ds])
         planned = report["workers"][rank]
         assert (planned["rows"], planned["padding_rows"]) == (int((ids >= 0).sum()), int((ids < 0).sum()))
+
+
+def test_plan_defaults_are_the_stream_defaults(corpus):
+    report = run_json("plan", corpus, "--world-size", "2", "--num-workers", "2")
+    ds = ParquetStream(corpus, rank=0, world_size=2)
+    assert report["batch_size"] == ds.config.batch_size == 256
+    assert report["steps_per_rank"] == ds.steps_per_epoch(2)
+    assert report["uneven_cost"]["pad"]["padding_batches"] == ds.epoch_summary(2)["padding_batches"]
 
 
 def test_plan_text_summarises_many_workers(corpus):
@@ -236,7 +244,7 @@ def test_errors_are_one_line_with_the_right_exit_code(corpus, argv, code, fragme
 
 
 def test_bench_reports_an_unconvertible_column_as_a_data_error(tmp_path):
-    pq.write_table(pa.table({"d": pa.array([1, 2], pa.decimal128(5, 2))}), tmp_path / "x.parquet")
+    pq.write_table(pa.table({"d": pa.array([[None], []], pa.list_(pa.null()))}), tmp_path / "x.parquet")
     code, _, err = run("bench", str(tmp_path), "--num-workers", "0")
     assert code == 1
     assert_one_line_error(err, "'d'")

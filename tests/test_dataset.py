@@ -95,7 +95,39 @@ def test_set_epoch_reaches_persistent_workers(skewed_corpus):
 
 def test_unshuffled_single_worker_reads_in_catalog_order(small_corpus):
     ids = ids_of_tensor(list(ss.ParquetStream(small_corpus, rank=0, world_size=1)))
-    assert torch.equal(ids, torch.arange(len(ids)))
+    real = ids[ids >= 0]
+    assert torch.equal(real, torch.arange(len(real))) and torch.all(ids[len(real):] == -1)
+
+
+@pytest.mark.parametrize("world, workers", [(1, 0), (2, 2), (3, 1)])
+def test_default_batches_are_uniform_and_pad_at_most_one_batch_per_worker(skewed_corpus, world, workers):
+    """A huge file next to many tiny ones, 1-row row groups, empty files: every batch holds the same rows."""
+    per_rank = []
+    for rank in range(world):
+        per_rank.append(list(DataLoader(ss.ParquetStream(skewed_corpus, rank=rank, world_size=world),
+                                        batch_size=None, num_workers=workers)))
+    sizes = {len(b["sample_id"]) for batches in per_rank for b in batches}
+    assert sizes == {256}, f"batch sizes {sizes}"
+    padding = sum(int((b["sample_id"] < 0).sum()) for batches in per_rank for b in batches)
+    assert padding <= 256 * world * max(workers, 1), "more than one batch of padding per global worker"
+    assert_exactly_once(per_rank, ss.ParquetStream(skewed_corpus).catalog.num_rows)
+
+
+def test_row_group_sized_batches_warn_when_they_pad_more_than_a_tenth(skewed_corpus, small_corpus):
+    with pytest.warns(UserWarning, match=r"steps this epoch are padding"):
+        list(ss.ParquetStream(skewed_corpus, batch_size=None, rank=0, world_size=4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        list(ss.ParquetStream(small_corpus, rank=0, world_size=4))  # the default pads little: no warning
+
+
+def test_shuffle_mixes_row_groups_by_default(tmp_path):
+    write_corpus(str(tmp_path), [[100] * 4] * 8)  # 32 row groups of 100 rows
+    batches = list(ss.ParquetStream(str(tmp_path), batch_size=64, shuffle=True, rank=0, world_size=1))
+    groups = [len(set((b["sample_id"][b["sample_id"] >= 0] // 100).tolist())) for b in batches[:-1]]
+    assert min(groups) >= 8, f"a default shuffle draws each batch from many row groups, got {groups}"
+    one_at_a_time = ss.ParquetStream(str(tmp_path), batch_size=64, shuffle=True, shuffle_window=1, rank=0, world_size=1)
+    assert max(len(set((b["sample_id"] // 100).tolist()) - {-1}) for b in one_at_a_time) <= 2
 
 
 def test_transform_runs_in_the_worker_on_every_batch(small_corpus):

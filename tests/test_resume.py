@@ -97,7 +97,7 @@ def test_windowed_shuffle_resumes_exactly_and_elastically(skewed_corpus):
 
 def test_windowed_shuffle_mixes_rows_of_several_row_groups_in_one_batch(tmp_path):
     write_corpus(str(tmp_path), [[100] * 8])
-    plain = ss.ParquetStream(str(tmp_path), batch_size=50, shuffle=True, rank=0, world_size=1)
+    plain = ss.ParquetStream(str(tmp_path), batch_size=50, shuffle=True, shuffle_window=1, rank=0, world_size=1)
     mixed = ss.ParquetStream(str(tmp_path), batch_size=50, shuffle=True, shuffle_window=4, rank=0, world_size=1)
     sources = lambda ds: [len(set((b["sample_id"] // 100).tolist())) for b in ds]  # noqa: E731
     assert max(sources(plain)) <= 2 < min(sources(mixed))

@@ -7,7 +7,7 @@ import pytest
 import streamshard as ss
 from streamshard.testing import write_corpus
 from helpers import assert_equal_steps, assert_exactly_once, assert_rows_match_ids, run_epoch
-from conftest import SKEWED_LAYOUT
+from strategies import SKEWED_LAYOUT
 
 NUM_ROWS = sum(sum(f) for f in SKEWED_LAYOUT)
 

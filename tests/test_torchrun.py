@@ -10,9 +10,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from streamshard.testing import write_corpus
-from conftest import SKEWED_LAYOUT
+from strategies import SKEWED_LAYOUT
+
+pytestmark = pytest.mark.slow  # subprocesses: run by make test, skippable with -m "not slow"
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_ddp.py"
 

@@ -20,6 +20,7 @@ import os
 import sys
 from typing import Any, Sequence, TextIO
 
+from ..dataset import DEFAULT_BATCH_SIZE
 from ..errors import StreamshardError
 from ..plan import UNEVEN_POLICIES, UNITS
 from .bench import render_bench, run_bench
@@ -106,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--world-size", type=_positive, required=True)
     plan.add_argument("--num-workers", type=_non_negative, required=True, help="DataLoader workers per rank (0: main process)")
     plan.add_argument("--unit", choices=UNITS, default="row_group")
-    plan.add_argument("--batch-size", type=_positive, default=None, help="rows per batch (default: one batch per row-group slice)")
+    _batch_size(plan)
     plan.add_argument("--shuffle", action="store_true")
     plan.add_argument("--seed", type=_non_negative, default=0)
     plan.add_argument("--epoch", type=_non_negative, default=0)
@@ -117,12 +118,21 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="stream one epoch through ParquetStream + StreamLoader and time it")
     _common(bench)
     bench.add_argument("--num-workers", type=_non_negative, default=2)
-    bench.add_argument("--batch-size", type=_positive, default=None)
+    _batch_size(bench)
     bench.add_argument("--max-batches", type=_positive, default=None, help="stop after this many batches")
     bench.add_argument("--read-ahead", type=_non_negative, default=2, help="row-group slices read ahead per worker")
     bench.add_argument("--quiet", action="store_true", help="no progress line on stderr")
     bench.set_defaults(run=run_bench, render=render_bench)
     return parser
+
+
+def _batch_size(command: argparse.ArgumentParser) -> None:
+    """--batch-size N (the ParquetStream default unless given) or --row-group-batches (batch_size=None)."""
+    sizes = command.add_mutually_exclusive_group()
+    sizes.add_argument("--batch-size", type=_positive, default=DEFAULT_BATCH_SIZE,
+                       help=f"rows per batch (default {DEFAULT_BATCH_SIZE}, as ParquetStream)")
+    sizes.add_argument("--row-group-batches", dest="batch_size", action="store_const", const=None,
+                       help="one batch per row-group slice (batch_size=None)")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:

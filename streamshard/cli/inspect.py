@@ -152,7 +152,8 @@ def _inspect_warnings(
     if len(big):
         warnings.append({"kind": "memory_budget", "message": (
             f"{len(big)} row group(s) exceed the {args.memory_budget:g} MiB decoded budget "
-            f"(largest {_human(int(uncomp.max()))}); a worker holds up to 1 + read_ahead (default 2) of them at once; "
+            f"(largest {_human(int(uncomp.max()))}); a worker holds up to 1 + read_ahead (default 2) of them at once, "
+            "shuffle_window + read_ahead with shuffle=True (default 16 + 2); "
             "rewrite with smaller row groups or project fewer --columns")})
     unsupported = [c["name"] for c in report["columns"] if not c["supported"]]
     if unsupported:
