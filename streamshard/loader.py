@@ -1,12 +1,19 @@
-"""``StreamLoader``: iterate a stream and keep its checkpoint, so no count comes from the user.
+"""``StreamLoader``: iterate a dataset and keep its checkpoint, so no count comes from the user.
 
-It iterates like ``DataLoader(dataset, batch_size=None, ...)`` (and uses one for its worker
-processes) and counts the batches it hands to the training loop. That count, with the worker
-count and the dataset's own fingerprint, is the whole checkpoint: ``state_dict()`` is the
-dataset's rank state after those batches, and it resumes on any world size and worker count.
+It iterates like ``DataLoader`` (and uses one for its worker processes) and counts the batches it
+hands to the training loop. That count is the whole checkpoint:
 
-Batches arrive in round-robin order (batch ``j`` of a rank from worker ``j % num_workers``):
-that is what lets one number per rank say how far every worker got.
+* a stream (``ParquetStream``, ``BlendedStream``) batches itself (``DataLoader(ds, batch_size=None)``);
+  ``state_dict()`` is the stream's rank state after those batches (with the worker count and the
+  stream's own fingerprint), and it resumes on any world size and worker count. Batches arrive in
+  round-robin order (batch ``j`` of a rank from worker ``j % num_workers``): that is what lets one
+  number per rank say how far every worker got.
+* a map-style dataset is sampled by an ``ElasticSampler`` in the main process
+  (``DataLoader(ds, sampler=sampler, batch_size=B)``); ``state_dict()`` is the sampler's state
+  after ``batches * B`` samples, and it resumes on any number of replicas.
+
+Both go through one small adapter (``_Source``), so epochs, lengths, resume and
+break-and-continue are the same code for both.
 """
 
 from __future__ import annotations
@@ -14,14 +21,15 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator, Mapping, Protocol
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from .errors import StateError
-from .validate import check_int
+from .sampler import ElasticSampler
+from .validate import check_bool, check_int
 
 
 class StreamSource(Protocol):
-    """What ``StreamLoader`` needs from a dataset (``ParquetStream``, ``BlendedStream``, ...)."""
+    """What ``StreamLoader`` needs from a stream (``ParquetStream``, ``BlendedStream``, ...)."""
 
     @property
     def epoch(self) -> int: ...
@@ -35,6 +43,112 @@ class StreamSource(Protocol):
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
 
+class _Source(Protocol):
+    """What the loader drives: a stream, or a map-style dataset with its sampler.
+
+    ``steps_per_epoch`` and ``loader_state`` count from the position the current pass started at
+    (a loaded state, else the start of the epoch); ``begin_pass`` is called before every pass.
+    """
+
+    @property
+    def epoch(self) -> int: ...
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+    def steps_per_epoch(self, num_workers: int) -> int: ...
+
+    def loader_state(self, consumed_batches: int, num_workers: int) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+    def begin_pass(self) -> None: ...
+
+    def data_loader(self, **kwargs: Any) -> DataLoader: ...
+
+
+class _Stream:
+    """A stream batches itself and keeps its loaded position for every pass over its epoch."""
+
+    def __init__(self, stream: StreamSource) -> None:
+        self.stream = stream
+
+    @property
+    def epoch(self) -> int:
+        return self.stream.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.stream.set_epoch(epoch)
+
+    def steps_per_epoch(self, num_workers: int) -> int:
+        return self.stream.steps_per_epoch(num_workers)
+
+    def loader_state(self, consumed_batches: int, num_workers: int) -> dict[str, Any]:
+        return self.stream.loader_state(consumed_batches, num_workers)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.stream.load_state_dict(state)
+
+    def begin_pass(self) -> None:
+        pass
+
+    def data_loader(self, **kwargs: Any) -> DataLoader:
+        return DataLoader(self.stream, batch_size=None, **kwargs)  # type: ignore[arg-type]
+
+
+class _Sampled:
+    """A map-style dataset read in the order of an ``ElasticSampler``, ``batch_size`` samples a batch.
+
+    The sampler lives in the main process, so the loader's batch count says exactly how many of its
+    indices training consumed: ``min(batches * batch_size, pass length)`` after the pass's start.
+    """
+
+    def __init__(self, dataset: Any, sampler: ElasticSampler, batch_size: int, drop_last: bool,
+                 collate_fn: Callable[[list[Any]], Any] | None) -> None:
+        self.dataset, self.sampler = dataset, sampler
+        self.batch_size, self.drop_last, self.collate_fn = batch_size, drop_last, collate_fn
+        self._pass: tuple[int, int, int] | None = None  # (epoch, first sample, samples) of the running pass
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.sampler.epoch:
+            self._pass = None
+        self.sampler.set_epoch(epoch)
+
+    def steps_per_epoch(self, num_workers: int) -> int:
+        samples = self._span()[1]
+        return samples // self.batch_size if self.drop_last else -(-samples // self.batch_size)
+
+    def loader_state(self, consumed_batches: int, num_workers: int) -> dict[str, Any]:
+        first, samples = self._span()
+        return self.sampler.state_dict(consumed=first + min(consumed_batches * self.batch_size, samples))
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.sampler.load_state_dict(state)
+        self._pass = None
+
+    def begin_pass(self) -> None:
+        """Record where the pass starts. The sampler resumes only on the first ``__iter__`` after a
+        load, so a pass that starts again with nothing consumed (the last one failed before its first
+        batch) loads the last pass's start again."""
+        last = self._pass
+        if last is not None and last[0] == self.sampler.epoch and last[1] > 0 and self.sampler.resume_point == 0:
+            self.sampler.load_state_dict(self.sampler.state_dict(consumed=last[1]))
+        self._pass = (self.sampler.epoch, self.sampler.resume_point, len(self.sampler))
+
+    def data_loader(self, **kwargs: Any) -> DataLoader:
+        return DataLoader(self.dataset, sampler=self.sampler, batch_size=self.batch_size, drop_last=self.drop_last,
+                          collate_fn=self.collate_fn, **kwargs)
+
+    def _span(self) -> tuple[int, int]:
+        """(first sample, samples) of the running pass, else of the pass the sampler would start next."""
+        if self._pass is not None and self._pass[0] == self.sampler.epoch:
+            return self._pass[1], self._pass[2]
+        return self.sampler.resume_point, len(self.sampler)
+
+
 class StreamLoader:
     """Iterate ``dataset`` with ``num_workers`` worker processes and keep the data checkpoint.
 
@@ -46,18 +160,25 @@ class StreamLoader:
       epoch, exact before and after a resume.
     * ``state_dict()``: a small JSON dict, the same on every rank of a synchronous job;
       ``load_state_dict(state)`` on any world size and worker count delivers the rest of the
-      epoch exactly once, with equal steps on every rank.
+      epoch exactly once, with equal steps on every rank (map-style: exactly once apart from the
+      sampler's padding, which stays below one sample per replica).
 
     Args:
-        dataset: a ``ParquetStream`` or ``BlendedStream``.
+        dataset: a ``ParquetStream`` or ``BlendedStream``; or a map-style dataset together with
+            ``sampler``.
         num_workers, pin_memory, prefetch_factor, persistent_workers, multiprocessing_context,
             timeout, worker_init_fn: as for ``torch.utils.data.DataLoader``; ``pin_memory=None``
             pins when a CUDA device is available.
+        sampler: an ``ElasticSampler`` over ``dataset`` (map-style datasets only). Change the
+            topology by loading a state into a loader whose sampler has the new topology, not
+            with ``sampler.resize``: the loader keeps the count.
+        batch_size, collate_fn, drop_last: as for ``DataLoader`` (map-style only; ``batch_size``
+            defaults to 1; ``drop_last`` drops a short last batch).
     """
 
     def __init__(
         self,
-        dataset: StreamSource,
+        dataset: Any,
         num_workers: int = 0,
         pin_memory: bool | None = None,
         prefetch_factor: int | None = None,
@@ -65,12 +186,14 @@ class StreamLoader:
         multiprocessing_context: Any = None,
         timeout: float = 0,
         worker_init_fn: Callable[[int], None] | None = None,
+        *,
+        sampler: ElasticSampler | None = None,
+        batch_size: int | None = None,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        drop_last: bool = False,
     ) -> None:
-        for name in ("loader_state", "load_state_dict", "steps_per_epoch", "set_epoch"):
-            if not callable(getattr(dataset, name, None)):
-                raise ValueError(f"StreamLoader needs a streamshard stream (ParquetStream, BlendedStream), "
-                                 f"got {type(dataset).__name__} without {name}()")
         self.dataset = dataset
+        self._source = _source(dataset, sampler, batch_size, collate_fn, drop_last)
         self.num_workers = check_int(num_workers, "num_workers", 0, 1024)
         if persistent_workers and not self.num_workers:
             raise ValueError("persistent_workers=True needs num_workers > 0")
@@ -78,7 +201,7 @@ class StreamLoader:
         self._loader_args = dict(prefetch_factor=prefetch_factor, persistent_workers=bool(persistent_workers),
                                  multiprocessing_context=multiprocessing_context, timeout=timeout,
                                  worker_init_fn=worker_init_fn)
-        self._epoch = dataset.epoch
+        self._epoch = self._source.epoch
         self._consumed = 0  # batches handed out since the dataset's position (the start of this pass)
         self._resumed = False  # the dataset holds a loaded position for self._epoch
         self._loader: DataLoader | None = None
@@ -95,37 +218,38 @@ class StreamLoader:
         if epoch != self._epoch:
             self._consumed, self._resumed = 0, False
         self._epoch = epoch
-        self.dataset.set_epoch(epoch)
+        self._source.set_epoch(epoch)
 
     def __len__(self) -> int:
         self._follow_dataset_epoch()
-        return self.dataset.steps_per_epoch(self.num_workers) - self._consumed
+        return self._source.steps_per_epoch(self.num_workers) - self._consumed
 
     # -- checkpoint ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Where this rank is: the dataset's state after the batches this loader handed out."""
+        """Where this rank is: the dataset's (or sampler's) state after the batches this loader handed out."""
         self._follow_dataset_epoch()
-        return self.dataset.loader_state(self._consumed, self.num_workers)
+        return self._source.loader_state(self._consumed, self.num_workers)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` (saved by any ``StreamLoader`` of the same data and settings)."""
         if isinstance(state, Mapping) and state.get("kind") == "worker":
             raise StateError("this is a per-worker state from torchdata's StatefulDataLoader; StreamLoader loads "
                              "the rank states it saves itself")
-        self.dataset.load_state_dict(state)
-        self._epoch, self._consumed, self._resumed = self.dataset.epoch, 0, True
+        self._source.load_state_dict(state)
+        self._epoch, self._consumed, self._resumed = self._source.epoch, 0, True
         self._loader = None  # workers must start from the new position
 
     # -- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         self._follow_dataset_epoch()
         if self._consumed or self._resumed:
-            if self.dataset.steps_per_epoch(self.num_workers) - self._consumed <= 0:
+            if self._source.steps_per_epoch(self.num_workers) - self._consumed <= 0:
                 self.set_epoch(self._epoch + 1)  # the epoch was delivered in full: on to the next
         if self._consumed:  # a pass that stopped early: continue where it stopped
-            self.dataset.load_state_dict(self.dataset.loader_state(self._consumed, self.num_workers))
+            self._source.load_state_dict(self._source.loader_state(self._consumed, self.num_workers))
             self._consumed, self._resumed = 0, True
-        self.dataset.set_epoch(self._epoch)  # the catalog is read here once; workers inherit it
+        self._source.set_epoch(self._epoch)  # the catalog is read here once; workers inherit it
+        self._source.begin_pass()
         loader = self._data_loader()
         return self._count(loader)
 
@@ -136,24 +260,53 @@ class StreamLoader:
         # The epoch is exhausted: the next pass starts the next one.
         self._consumed, self._resumed = 0, False
         self._epoch += 1
-        self.dataset.set_epoch(self._epoch)
+        self._source.set_epoch(self._epoch)
 
     def _data_loader(self) -> DataLoader:
         resume_epoch = self._epoch if self._resumed else None
         reusable = (self._loader is not None and self._loader_args["persistent_workers"] and resume_epoch is None
                     and self._loader_resume_epoch != self._epoch)
         if not reusable:
-            self._loader = DataLoader(self.dataset, batch_size=None, num_workers=self.num_workers,  # type: ignore[arg-type]
-                                      pin_memory=self.pin_memory, **self._loader_args)
+            self._loader = self._source.data_loader(num_workers=self.num_workers, pin_memory=self.pin_memory,
+                                                    **self._loader_args)
             self._loader_resume_epoch = resume_epoch
         assert self._loader is not None
         return self._loader
 
     def _follow_dataset_epoch(self) -> None:
-        """A ``set_epoch`` called on the dataset directly moves the loader to that epoch."""
-        if self.dataset.epoch != self._epoch:
-            self._epoch, self._consumed, self._resumed = self.dataset.epoch, 0, False
+        """A ``set_epoch`` called on the dataset (or sampler) directly moves the loader to that epoch."""
+        if self._source.epoch != self._epoch:
+            self._epoch, self._consumed, self._resumed = self._source.epoch, 0, False
 
     def __repr__(self) -> str:
         return (f"StreamLoader({type(self.dataset).__name__}, num_workers={self.num_workers}, epoch={self._epoch}, "
                 f"consumed={self._consumed})")
+
+
+def _source(dataset: Any, sampler: Any, batch_size: Any, collate_fn: Any, drop_last: Any) -> _Source:
+    """The adapter for ``dataset``; ValueError naming the argument that does not fit it."""
+    is_stream = all(callable(getattr(dataset, name, None))
+                    for name in ("loader_state", "load_state_dict", "steps_per_epoch", "set_epoch"))
+    if is_stream or isinstance(dataset, IterableDataset):
+        for name, value, default in (("sampler", sampler, None), ("batch_size", batch_size, None),
+                                     ("collate_fn", collate_fn, None), ("drop_last", drop_last, False)):
+            if value is not default:
+                raise ValueError(f"{name}= is for map-style datasets with an ElasticSampler; "
+                                 f"{type(dataset).__name__} is a stream, which batches itself")
+        if not is_stream:
+            raise ValueError(f"StreamLoader needs a streamshard stream (ParquetStream, BlendedStream), got "
+                             f"{type(dataset).__name__}, an IterableDataset without loader_state()")
+        return _Stream(dataset)
+    if not isinstance(sampler, ElasticSampler):
+        raise ValueError(f"StreamLoader needs a streamshard stream (ParquetStream, BlendedStream), or a map-style "
+                         f"dataset with sampler=ss.ElasticSampler(len(dataset), ...); got {type(dataset).__name__} "
+                         f"with sampler={sampler!r:.80}")
+    if not callable(getattr(dataset, "__getitem__", None)):
+        raise ValueError(f"dataset must be a stream or a map-style dataset (with __getitem__), "
+                         f"got {type(dataset).__name__}")
+    if hasattr(dataset, "__len__") and len(dataset) != sampler.dataset_len:
+        raise ValueError(f"sampler has dataset_len={sampler.dataset_len} but len(dataset)={len(dataset)}")
+    if collate_fn is not None and not callable(collate_fn):
+        raise ValueError(f"collate_fn must be callable or None, got {collate_fn!r:.80}")
+    batch_size = 1 if batch_size is None else check_int(batch_size, "batch_size", 1)
+    return _Sampled(dataset, sampler, batch_size, check_bool(drop_last, "drop_last"), collate_fn)

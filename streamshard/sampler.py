@@ -3,29 +3,32 @@
 The torch-facing edge: argument and state validation, the epoch/resume/resize state machine and
 iteration. Which sample each replica gets is pure arithmetic in :mod:`streamshard.sampler_plan`
 (node subsets, per-epoch order, dealing, and the fold of earlier node layouts after a resize).
+Its checkpoint follows the contract of :mod:`streamshard.state` (``kind: "sampler"``).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 from torch.utils.data import Sampler
 
+from .errors import StateError
 from .permutation import MAX_N
 from .sampler_plan import Segment, max_offset, pool_size, remaining, sample_ids
+from .state import MAX_SEGMENTS, MAX_WORLD_SIZE, STATE_VERSION, check_fingerprint, int_field, require
 from .topology import resolve_rank_world
+from .validate import check_bool, check_int
 
 __all__ = ["ElasticSampler"]
 
-STATE_VERSION = 1
 _MAX_SEED = 2**64 - 1
 # Indices computed per numpy call while iterating: enough to amortise numpy, small in memory.
 _CHUNK = 1 << 14
-_STATE_KEYS = ("version", "dataset_len", "seed", "shuffle", "drop_last", "epoch", "num_replicas",
-               "num_nodes", "layouts", "offset", "segment_start", "yielded", "consumed")
+_STATE_KEYS = ("version", "kind", "epoch", "fingerprint", "num_replicas", "num_nodes", "layouts", "offset",
+               "segment_start", "yielded", "consumed")
 
 
 # -- the sampler -----------------------------------------------------------------------------------
@@ -50,16 +53,18 @@ class ElasticSampler(Sampler[int]):
       drop_last) and on where resizes happened.
 
     Resuming: :meth:`state_dict` is small, JSON-serialisable and identical on every replica of
-    a synchronous job. :meth:`load_state_dict` (or :meth:`resize`) makes the *next* ``__iter__``
-    continue the epoch; any other ``__iter__`` starts the current epoch from its beginning, like
+    a synchronous job; by default it counts the indices this sampler has *yielded* in the epoch,
+    which is exact wherever the sampler is asked when its indices are handed out (torchdata's
+    ``StatefulDataLoader`` does that; ``ss.StreamLoader(dataset, sampler=...)`` keeps the count
+    itself). :meth:`load_state_dict` (or :meth:`resize`) makes the *next* ``__iter__`` continue
+    the epoch; any other ``__iter__`` starts the current epoch from its beginning, like
     ``DistributedSampler``. ``set_epoch`` with a new epoch starts that epoch; with the current
     epoch it keeps a pending resume, so ``for e in range(start, E): set_epoch(e)`` resumes.
 
-    Samples consumed: the sampler counts what it has *yielded*. A DataLoader with workers pulls
-    indices ahead of training, so pass what training actually used, per replica, in this
-    epoch: ``state_dict(consumed=batches_done * batch_size)`` (the same as setting
-    ``state["consumed"]``; counts past the end of the epoch are clamped, so a short last batch
-    is fine), or ``resize(..., consumed=...)``.
+    With a plain ``DataLoader`` whose workers pull indices ahead of training, pass what training
+    actually used, per replica, in this epoch: ``state_dict(consumed=batches_done * batch_size)``
+    (counts past the end of the epoch are clamped, so a short last batch is fine), or
+    ``resize(..., consumed=...)``.
 
     Defaults: ``num_replicas``/``rank`` via :func:`streamshard.topology.resolve_rank_world`;
     ``num_nodes`` is ``num_replicas // LOCAL_WORLD_SIZE`` when torchrun's ``LOCAL_WORLD_SIZE``
@@ -79,24 +84,25 @@ class ElasticSampler(Sampler[int]):
         drop_last: bool = False,
     ) -> None:
         super().__init__()
-        self._n = _check_int(dataset_len, "dataset_len", 0, MAX_N)
-        self._shuffle = _check_bool(shuffle, "shuffle")
-        self._drop_last = _check_bool(drop_last, "drop_last")
-        self._seed = _check_int(seed, "seed", 0, _MAX_SEED)
-        if num_replicas is not None:
-            _check_int(num_replicas, "num_replicas", 1, None)
-        if rank is not None:
-            _check_int(rank, "rank", 0, None)
+        self._n = check_int(dataset_len, "dataset_len", 0, MAX_N)
+        self._shuffle = check_bool(shuffle, "shuffle")
+        self._drop_last = check_bool(drop_last, "drop_last")
+        self._seed = check_int(seed, "seed", 0, _MAX_SEED)
+        check_int(num_replicas, "num_replicas", 1, MAX_WORLD_SIZE, none_ok=True)
+        check_int(rank, "rank", 0, none_ok=True)
         rank, num_replicas = resolve_rank_world(rank, num_replicas)
         if num_nodes is None:
             num_nodes = _nodes_from_env(num_replicas)
         self._set_topology(num_replicas, rank, num_nodes, node_rank)
         self._epoch = 0
-        self._generation = 0  # bumped by every new pass or resize; older iterators stop counting
         self._start_epoch()
         self._resume_pending = False
 
     # -- public API ---------------------------------------------------------------------------
+
+    @property
+    def dataset_len(self) -> int:
+        return self._n
 
     @property
     def epoch(self) -> int:
@@ -122,10 +128,17 @@ class ElasticSampler(Sampler[int]):
     def local_rank(self) -> int:
         return self._rank % self._local
 
+    @property
+    def resume_point(self) -> int:
+        """Indices of this replica's epoch that the next ``__iter__`` skips: where a pending
+        ``load_state_dict``/``resize`` continues, else 0. The next pass covers
+        ``resume_point .. resume_point + len(self)``."""
+        return self._segment_start if self._resume_pending else 0
+
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch to iterate. A new epoch starts from its beginning on the current
         topology; the current epoch is left as it is (so a pending resume survives)."""
-        epoch = _check_int(epoch, "epoch", 0, _MAX_SEED)
+        epoch = check_int(epoch, "epoch", 0, _MAX_SEED)
         if epoch != self._epoch:
             self._epoch = epoch
             self._start_epoch()
@@ -141,53 +154,55 @@ class ElasticSampler(Sampler[int]):
         if not self._resume_pending:
             self._start_epoch()
         self._resume_pending = False
-        self._generation += 1
         segment, layouts = self._segment(), list(self._layouts)
-        steps = segment.per_replica
         node, local_rank = self.node_rank, self.local_rank
         # Taken now: a pass keeps the order it started with, whatever set_epoch does meanwhile.
         n, seed, epoch, shuffle = self._n, self._seed, self._epoch, self._shuffle
 
         def indices(first: int) -> np.ndarray:
-            chunk = np.arange(first, min(first + _CHUNK, steps), dtype=np.int64)
+            chunk = np.arange(first, min(first + _CHUNK, segment.per_replica), dtype=np.int64)
             return sample_ids(segment.positions(node, local_rank, chunk), n, layouts, segment.nodes, seed, epoch, shuffle)
 
-        return self._count(self._generation, (indices(first) for first in range(0, steps, _CHUNK)))
+        self._pass = _Pass(indices, segment.per_replica)
+        return self._pass
 
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
         """The epoch's progress as a small JSON-serialisable dict (the same on every replica).
 
-        ``consumed``: samples this replica's training actually used in this epoch, when that is
-        fewer than what was yielded (DataLoader workers prefetch); stored as ``"consumed"``.
+        Without ``consumed`` the progress is what this sampler has yielded in the epoch.
+        ``consumed`` overrides it (for a plain ``DataLoader`` whose workers prefetch): the
+        samples this replica's training used in this epoch, clamped to the epoch's end; the
+        state is then that of a sampler stopped there, on every replica alike.
         """
+        yielded, override = self._yielded(), None
         if consumed is not None:
-            consumed = _check_int(consumed, "consumed", 0, None)
+            consumed = check_int(consumed, "consumed", 0)
+            _check_not_before(consumed, self._segment_start, "consumed", ValueError)
+            yielded = override = min(consumed, self._segment_start + self._segment().per_replica)
         return {
             "version": STATE_VERSION,
-            "dataset_len": self._n,
-            "seed": self._seed,
-            "shuffle": self._shuffle,
-            "drop_last": self._drop_last,
+            "kind": "sampler",
             "epoch": self._epoch,
+            "fingerprint": self._fingerprint(),
             "num_replicas": self._replicas,
             "num_nodes": self._nodes,
             "layouts": [list(layout) for layout in self._layouts],
             "offset": self._offset,
             "segment_start": self._segment_start,
-            "yielded": self._yielded,
-            "consumed": consumed,
+            "yielded": yielded,
+            "consumed": override,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue the epoch recorded in ``state`` on this sampler's topology.
 
         The state may come from a different ``num_replicas``/``num_nodes``: the samples left in
         the epoch after ``state["consumed"]`` (else ``state["yielded"]``) per old replica are
-        re-dealt to this topology, each exactly once apart from padding. The seed is taken
-        from the state; dataset_len, shuffle and drop_last must match.
+        re-dealt to this topology, each exactly once apart from padding. A state whose
+        ``fingerprint`` (dataset_len, seed, shuffle, drop_last) differs from this sampler's, or
+        that is malformed, raises ``StateError`` naming the field, and leaves the sampler as it was.
         """
-        parsed = _parse_state(state, self._n, self._shuffle, self._drop_last)
-        self._seed = parsed["seed"]
+        parsed = _parse_state(state, self._fingerprint(), self._drop_last)
         self._epoch = parsed["epoch"]
         self._layouts = parsed["layouts"]
         self._offset = parsed["offset"]
@@ -212,8 +227,8 @@ class ElasticSampler(Sampler[int]):
         (new replicas can ``load_state_dict`` a state of an old one instead). ``num_nodes``
         defaults to the current node count.
         """
-        consumed = self._yielded if consumed is None else _check_int(consumed, "consumed", 0, None)
-        _check_not_before(consumed, self._segment_start, "consumed")
+        consumed = self._yielded() if consumed is None else check_int(consumed, "consumed", 0)
+        _check_not_before(consumed, self._segment_start, "consumed", ValueError)
         old_nodes, old = self._nodes, self._segment()
         self._set_topology(num_replicas, rank, old_nodes if num_nodes is None else num_nodes, node_rank)
         self._rebase(old, consumed)
@@ -225,14 +240,18 @@ class ElasticSampler(Sampler[int]):
 
     # -- internals ----------------------------------------------------------------------------
 
+    def _fingerprint(self) -> dict[str, Any]:
+        """Everything that decides the order and cannot change on resume."""
+        return {"dataset_len": self._n, "seed": self._seed, "shuffle": self._shuffle, "drop_last": self._drop_last}
+
     def _set_topology(self, num_replicas: int, rank: int, num_nodes: int, node_rank: int | None) -> None:
-        replicas = _check_int(num_replicas, "num_replicas", 1, None)
-        rank = _check_int(rank, "rank", 0, replicas - 1)
-        nodes = _check_int(num_nodes, "num_nodes", 1, replicas)
+        replicas = check_int(num_replicas, "num_replicas", 1, MAX_WORLD_SIZE)
+        rank = check_int(rank, "rank", 0, replicas - 1)
+        nodes = check_int(num_nodes, "num_nodes", 1, replicas)
         if replicas % nodes:
             raise ValueError(f"num_replicas={replicas} must be a multiple of num_nodes={nodes}")
         local = replicas // nodes
-        if node_rank is not None and _check_int(node_rank, "node_rank", 0, nodes - 1) != rank // local:
+        if node_rank is not None and check_int(node_rank, "node_rank", 0, nodes - 1) != rank // local:
             raise ValueError(f"node_rank={node_rank} disagrees with rank={rank}: with {local} ranks "
                              f"per node (numbered contiguously) rank {rank} is on node {rank // local}")
         self._replicas, self._rank, self._nodes, self._local = replicas, rank, nodes, local
@@ -242,8 +261,11 @@ class ElasticSampler(Sampler[int]):
         self._layouts: list[tuple[int, int]] = []
         self._offset = 0
         self._segment_start = 0
-        self._yielded = 0
-        self._generation += 1
+        self._pass: _Pass | None = None
+
+    def _yielded(self) -> int:
+        """Samples per replica this epoch: those before the current segment, plus its pass's."""
+        return self._segment_start + (self._pass.count if self._pass is not None else 0)
 
     def _segment(self, nodes: int | None = None, local: int | None = None) -> Segment:
         """The current segment; ``nodes``/``local`` override the topology it is dealt to."""
@@ -264,37 +286,35 @@ class ElasticSampler(Sampler[int]):
             self._offset = 0
         else:
             self._offset = offset
-        self._segment_start = self._yielded = consumed
-        self._generation += 1
+        self._segment_start = consumed
+        self._pass = None  # an older iterator keeps its order but no longer counts
         self._resume_pending = True
 
-    def _count(self, generation: int, chunks: Iterator[np.ndarray]) -> Iterator[int]:
-        """Yield the indices, counting them unless a newer iteration or a resize took over."""
-        for chunk in chunks:
-            for index in chunk.tolist():
-                if generation == self._generation:
-                    self._yielded += 1
-                yield index
+
+class _Pass(Iterator[int]):
+    """One pass over a replica's share of a segment: a fixed order and its own count."""
+
+    def __init__(self, chunk: Callable[[int], np.ndarray], steps: int) -> None:
+        self._chunk, self._steps = chunk, steps
+        self._buffer: list[int] = []
+        self._next = 0
+        self.count = 0  # indices handed out so far
+
+    def __iter__(self) -> _Pass:
+        return self
+
+    def __next__(self) -> int:
+        if self._next == len(self._buffer):
+            if self.count >= self._steps:
+                raise StopIteration
+            self._buffer, self._next = self._chunk(self.count).tolist(), 0
+        index = self._buffer[self._next]
+        self._next += 1
+        self.count += 1
+        return index
 
 
 # -- validation ------------------------------------------------------------------------------------
-
-
-def _check_int(value: Any, name: str, low: int, high: int | None) -> int:
-    """``value`` as an int in ``[low, high]``, else ValueError naming ``name``."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    value = int(value)
-    if value < low or (high is not None and value > high):
-        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be {bound}, got {value}")
-    return value
-
-
-def _check_bool(value: Any, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be a bool, got {value!r}")
-    return bool(value)
 
 
 def _nodes_from_env(num_replicas: int) -> int:
@@ -312,57 +332,53 @@ def _nodes_from_env(num_replicas: int) -> int:
     return num_replicas // per_node
 
 
-def _parse_state(state: Any, n: int, shuffle: bool, drop_last: bool) -> dict[str, Any]:
-    """Validate a state dict; return its fields with ``consumed`` resolved (ValueError on bad input)."""
-    if not isinstance(state, dict):
-        raise ValueError(f"state must be a dict, got {type(state).__name__}")
-    missing = [key for key in _STATE_KEYS if key not in state]
-    if missing:
-        raise ValueError(f"state is missing {missing}")
-    if state["version"] != STATE_VERSION:
-        raise ValueError(f"state['version'] must be {STATE_VERSION}, got {state['version']!r}")
-    for key, expected in (("dataset_len", n), ("shuffle", shuffle), ("drop_last", drop_last)):
-        if state[key] != expected:
-            raise ValueError(f"state['{key}']={state[key]!r} does not match this sampler's "
-                             f"{key}={expected!r}")
-    out = {key: _check_int(state[key], f"state['{key}']", 0, None)
-           for key in ("seed", "epoch", "num_replicas", "num_nodes", "offset", "segment_start", "yielded")}
-    _check_int(out["seed"], "state['seed']", 0, _MAX_SEED)
-    replicas, nodes = out["num_replicas"], out["num_nodes"]
-    if nodes < 1 or replicas < 1 or replicas % nodes:
-        raise ValueError(f"state['num_replicas']={replicas} must be a positive multiple of "
-                         f"state['num_nodes']={nodes}")
+def _parse_state(state: Any, fingerprint: Mapping[str, Any], drop_last: bool) -> dict[str, Any]:
+    """Validate a sampler state against this sampler; its progress fields, ``consumed`` resolved.
+
+    Every check is arithmetic on a few numbers (at most ``MAX_SEGMENTS`` layouts), so even an
+    absurd state is refused at once.
+    """
+    require(state, ("sampler",), _STATE_KEYS, "ElasticSampler")
+    check_fingerprint(state["fingerprint"], fingerprint, "ElasticSampler")
+    n = fingerprint["dataset_len"]
+    out = {"epoch": int_field(state, "epoch", 0, _MAX_SEED),
+           "num_replicas": int_field(state, "num_replicas", 1, MAX_WORLD_SIZE)}
+    replicas = out["num_replicas"]
+    nodes = out["num_nodes"] = int_field(state, "num_nodes", 1, replicas)
+    if replicas % nodes:
+        raise StateError(f"state['num_replicas'] = {replicas} must be a multiple of state['num_nodes'] = {nodes}")
     out["layouts"] = _parse_layouts(state["layouts"], n)
     size = pool_size(n, out["layouts"])
-    if out["offset"] > max_offset(size, nodes):
-        raise ValueError(f"state['offset']={out['offset']} is past the end of the epoch")
+    out["offset"] = int_field(state, "offset", 0, max_offset(size, nodes))
     segment = Segment(size, nodes, replicas // nodes, out["offset"], drop_last)
-    total = out["segment_start"] + segment.per_replica
-    if not out["segment_start"] <= out["yielded"] <= total:
-        raise ValueError(f"state['yielded']={out['yielded']} must be in "
-                         f"[state['segment_start'], {total}]")
-    consumed = state["consumed"]
-    out["consumed"] = (out["yielded"] if consumed is None
-                       else _check_int(consumed, "state['consumed']", 0, None))
-    _check_not_before(out["consumed"], out["segment_start"], "state['consumed']")
+    start = out["segment_start"] = int_field(state, "segment_start", 0, n)
+    total = start + segment.per_replica
+    out["yielded"] = int_field(state, "yielded", start, total)
+    out["consumed"] = out["yielded"] if state["consumed"] is None else int_field(state, "consumed", start, total)
     return out
 
 
-def _check_not_before(consumed: int, segment_start: int, name: str) -> None:
+def _check_not_before(consumed: int, segment_start: int, name: str, error: type[ValueError]) -> None:
     if consumed < segment_start:
-        raise ValueError(f"{name}={consumed} is before the epoch's last topology change (at "
-                         f"{segment_start} samples per replica), which cannot be undone")
+        raise error(f"{name}={consumed} is before the epoch's last topology change (at "
+                    f"{segment_start} samples per replica), which cannot be undone")
 
 
 def _parse_layouts(layouts: Any, n: int) -> list[tuple[int, int]]:
-    if not isinstance(layouts, (list, tuple)):
-        raise ValueError(f"state['layouts'] must be a list of [num_nodes, offset] pairs, got {layouts!r}")
+    """``state['layouts']``: at most ``MAX_SEGMENTS`` ``[num_nodes, offset]`` pairs, each in range."""
+    if not isinstance(layouts, (list, tuple)) or len(layouts) > MAX_SEGMENTS:
+        raise StateError(f"state['layouts'] must be a list of at most {MAX_SEGMENTS} [num_nodes, offset] pairs, "
+                         f"got {layouts!r:.80}")
     parsed, size = [], n
     for i, pair in enumerate(layouts):
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-            raise ValueError(f"state['layouts'][{i}] must be a [num_nodes, offset] pair, got {pair!r}")
-        nodes = _check_int(pair[0], f"state['layouts'][{i}][0]", 1, None)
-        offset = _check_int(pair[1], f"state['layouts'][{i}][1]", 0, max_offset(size, nodes))
+            raise StateError(f"state['layouts'][{i}] must be a [num_nodes, offset] pair, got {pair!r:.80}")
+        try:
+            fields = {"num_nodes": pair[0], "offset": pair[1]}
+            nodes = int_field(fields, "num_nodes", 1, MAX_WORLD_SIZE)
+            offset = int_field(fields, "offset", 0, max_offset(size, nodes))
+        except StateError as error:
+            raise StateError(f"state['layouts'][{i}]: {error}") from None
         parsed.append((nodes, offset))
         size = remaining(size, nodes, offset)
     return parsed

@@ -153,3 +153,28 @@ def check_stateful_resume(make: Callable[[], Any], num_workers: int, stops: list
         loader2.load_state_dict(state)
         rest = list(loader2)
         assert same_batches(head + rest, full), f"StatefulDataLoader resume after {k} of {len(full)} batches differs"
+
+
+def check_made_loader_resume(make_loader: Callable[[], Any], stops: list[int], epoch: int = 0,
+                             random_stops: int = 3) -> None:
+    """``check_loader_resume`` for loaders built by ``make_loader`` (a map-style dataset with its
+    ElasticSampler, say): stop after k batches, resume a fresh loader from the state; the rest must
+    be byte for byte the uninterrupted run's, ``len`` exact, and the epoch after it a normal one."""
+    reference = make_loader()
+    reference.set_epoch(epoch)
+    full = list(reference)
+    next_epoch = list(reference)
+    for k in with_random_stops(stops, len(full), random_stops, seed=epoch * 1000 + 7):
+        k = min(k, len(full))
+        first = make_loader()
+        first.set_epoch(epoch)
+        iterator = iter(first)
+        head = [next(iterator) for _ in range(k)]
+        del iterator
+        assert len(first) == len(full) - k
+        resumed = make_loader()
+        resumed.load_state_dict(as_checkpoint(first.state_dict()))
+        assert len(resumed) == len(full) - k, f"len after resuming at {k}: {len(resumed)} != {len(full) - k}"
+        rest = list(resumed) if k < len(full) else []
+        assert same_batches(head + rest, full), f"resume after {k} of {len(full)} batches differs"
+        assert same_batches(list(resumed), next_epoch), f"the epoch after resuming at {k} is not a normal one"
