@@ -13,7 +13,7 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -56,9 +56,13 @@ class _Ready:
 
 def deliver(
     schedule: Schedule, start: int, read: Callable[[Read], pa.Table], convert: BatchConverter, read_ahead: int,
-    stats: DeliveryStats | None = None,
+    stats: DeliveryStats | None = None, assemble: Callable[[BatchSpec, dict[int, Any]], Batch] | None = None,
 ) -> Iterator[Batch]:
-    """Batches ``start..steps-1`` of ``schedule``, read through ``read``; timings into ``stats``."""
+    """Batches ``start..steps-1`` of ``schedule``, read through ``read``; timings into ``stats``.
+
+    ``assemble(spec, reads)`` replaces the default (Arrow rows -> ``convert`` -> padding) for
+    streams whose reads are not plain row groups (token packing); it gets every spec, padding
+    ones included."""
     specs = schedule.batches(start)
     pending: dict[int, Future | _Ready] = {}
     lookahead: deque[BatchSpec] = deque()
@@ -98,7 +102,15 @@ def deliver(
                             ahead += 1
                     j += 1
             lookahead.popleft()
-            if spec.rows:
+            if assemble is not None:
+                waited = time.perf_counter()
+                tables = {k: pending[k].result() for k in spec.reads}
+                converting = time.perf_counter()
+                batch = assemble(spec, tables)
+                if stats is not None:
+                    stats.wait_s += converting - waited
+                    stats.convert_s += time.perf_counter() - converting
+            elif spec.rows:
                 waited = time.perf_counter()
                 tables = {k: pending[k].result() for k in spec.reads}
                 converting = time.perf_counter()

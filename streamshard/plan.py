@@ -44,6 +44,7 @@ class PlanConfig:
     batch_size: int | None = None
     uneven: str = "pad"
     shuffle_window: int = 1  # consecutive pieces of a worker whose rows are interleaved at random
+    shuffle_rows: bool = True  # with shuffle, permute the rows inside each row group (False: tokens, kept in order)
 
     def __post_init__(self) -> None:
         check_int(self.shuffle_window, "shuffle_window", 1)
@@ -274,7 +275,7 @@ class EpochPlan:
         where the row group was cut into pieces.
         """
         positions = np.asarray(positions, dtype=np.int64)
-        if not self.config.shuffle:
+        if not (self.config.shuffle and self.config.shuffle_rows):
             return positions
         rg = np.asarray(rg, dtype=np.int64)
         out = np.empty_like(positions)
