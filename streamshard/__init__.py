@@ -8,6 +8,7 @@ from .catalog import Catalog
 from .dataset import ParquetStream
 from .errors import CatalogError, ConversionError, ReadError, StateError, StreamshardError
 from .loader import StreamLoader
+from .packed import PackedStream, cu_seqlens
 from .permutation import Permutation, mix_seed
 from .prefetch import DevicePrefetcher
 from .sampler import ElasticSampler
@@ -23,6 +24,7 @@ __all__ = [
     "ConversionError",
     "DevicePrefetcher",
     "ElasticSampler",
+    "PackedStream",
     "ParquetStream",
     "Permutation",
     "ReadError",
@@ -31,6 +33,7 @@ __all__ = [
     "StreamshardError",
     "blend_counts",
     "blend_length",
+    "cu_seqlens",
     "mix_seed",
     "module_fingerprint",
     "pad_lists",

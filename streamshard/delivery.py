@@ -55,7 +55,7 @@ class _Ready:
 
 
 def deliver(
-    schedule: Schedule, start: int, read: Callable[[Read], pa.Table], convert: BatchConverter, read_ahead: int,
+    schedule: Schedule, start: int, read: Callable[[Read], Any], convert: BatchConverter | None, read_ahead: int,
     stats: DeliveryStats | None = None, assemble: Callable[[BatchSpec, dict[int, Any]], Batch] | None = None,
 ) -> Iterator[Batch]:
     """Batches ``start..steps-1`` of ``schedule``, read through ``read``; timings into ``stats``.
@@ -111,6 +111,7 @@ def deliver(
                     stats.wait_s += converting - waited
                     stats.convert_s += time.perf_counter() - converting
             elif spec.rows:
+                assert convert is not None  # every stream without its own assemble converts Arrow rows
                 waited = time.perf_counter()
                 tables = {k: pending[k].result() for k in spec.reads}
                 converting = time.perf_counter()
@@ -120,6 +121,7 @@ def deliver(
                     stats.wait_s += converting - waited
                     stats.convert_s += time.perf_counter() - converting
             else:
+                assert convert is not None
                 if template is None:
                     template = _donor(schedule, read, convert)
                 batch = pad_batch(template, spec.padding, convert)
