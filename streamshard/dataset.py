@@ -174,7 +174,7 @@ class ParquetStream(PlannedStream):
 
     def __getstate__(self) -> dict[str, Any]:
         # Spawned DataLoader workers receive a pickled copy: plain data only, no closures or handles.
-        return {**self.__dict__, "_converter": None}
+        return {**super().__getstate__(), "_converter": None}
 
     def epoch_plan(self, num_workers: int = 0, epoch: int | None = None) -> EpochPlan:
         """The plan of a whole epoch for this dataset's world size and ``num_workers`` DataLoader workers."""

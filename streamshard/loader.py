@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from .errors import StateError
+from .handoff import SlotLeases, new_leases
 from .sampler import ElasticSampler
 from .validate import check_bool, check_int
 
@@ -94,6 +95,15 @@ class _Stream:
     def data_loader(self, **kwargs: Any) -> DataLoader:
         return DataLoader(self.stream, batch_size=None, **kwargs)  # type: ignore[arg-type]
 
+    def start(self, loader: DataLoader, leases: Any) -> Iterator[Any]:
+        """Start ``loader``'s workers with the slot leases (they copy batches into shared slots);
+        the dataset forgets the leases again, so another DataLoader over it is unaffected."""
+        self.stream._handoff = leases  # type: ignore[attr-defined]
+        try:
+            return iter(loader)
+        finally:
+            self.stream._handoff = None  # type: ignore[attr-defined]
+
 
 class _Sampled:
     """A map-style dataset read in the order of an ``ElasticSampler``, ``batch_size`` samples a batch.
@@ -141,6 +151,9 @@ class _Sampled:
     def data_loader(self, **kwargs: Any) -> DataLoader:
         return DataLoader(self.dataset, sampler=self.sampler, batch_size=self.batch_size, drop_last=self.drop_last,
                           collate_fn=self.collate_fn, **kwargs)
+
+    def start(self, loader: DataLoader, leases: Any) -> Iterator[Any]:
+        return iter(loader)  # map-style batches take torch's ordinary path
 
     def _span(self) -> tuple[int, int]:
         """(first sample, samples) of the running pass, else of the pass the sampler would start next."""
@@ -206,6 +219,8 @@ class StreamLoader:
         self._resumed = False  # the dataset holds a loaded position for self._epoch
         self._loader: DataLoader | None = None
         self._loader_resume_epoch: int | None = None  # the epoch whose position its workers were started with
+        # Zero-copy hand-off from worker processes (handoff.py): the leases of every worker's slots.
+        self._slots = SlotLeases(new_leases(self.num_workers)) if self.num_workers else None
 
     # -- epoch and length -----------------------------------------------------------------------
     @property
@@ -251,11 +266,17 @@ class StreamLoader:
         self._source.set_epoch(self._epoch)  # the catalog is read here once; workers inherit it
         self._source.begin_pass()
         loader = self._data_loader()
-        return self._count(loader)
+        if self._slots is not None:
+            # Batches sent but never received (a pass abandoned mid-way) free their slots here.
+            self._slots.reset()
+        return self._count(self._source.start(loader, self._slots.leases if self._slots else None))
 
-    def _count(self, loader: DataLoader) -> Iterator[Any]:
-        for batch in loader:
+    def _count(self, batches: Iterator[Any]) -> Iterator[Any]:
+        for batch in batches:
             self._consumed += 1
+            if self._slots is not None:
+                batch = self._slots.receive(batch, copied=self.pin_memory)
+                self._slots.sweep()  # slots of earlier batches the training loop has let go of
             yield batch
         # The epoch is exhausted: the next pass starts the next one.
         self._consumed, self._resumed = 0, False

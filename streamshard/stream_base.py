@@ -13,6 +13,7 @@ order (``planner``, ``fingerprint``) and how to turn a worker's schedule into ba
 
 from __future__ import annotations
 
+import os
 from typing import Any, Iterator, Mapping
 
 from torch.utils.data import IterableDataset
@@ -20,6 +21,7 @@ from torch.utils.data import IterableDataset
 from .batch_plan import Schedule
 from .elastic import Segment
 from .errors import StateError
+from .handoff import SlotPool
 from .resume import Planner, Position, Start, WorkerPosition
 from .shared_cell import EpochCell
 from .state import STATE_VERSION, check_fingerprint, history_json, int_field, parse_history, require
@@ -41,6 +43,8 @@ class PlannedStream(IterableDataset):
         self._cell = EpochCell()  # shared memory: set_epoch reaches persistent DataLoader workers
         self._position: Position | None = None  # a loaded state; applies to passes over its epoch
         self._progress: dict[str, Any] | None = None  # what this process's current pass delivered
+        self._handoff: Any = None  # StreamLoader's slot leases, seen by the workers it starts (handoff.py)
+        self._slots: SlotPool | None = None  # this worker process's slots
 
     # -- what a subclass provides ---------------------------------------------------------------
     @property
@@ -183,9 +187,20 @@ class PlannedStream(IterableDataset):
             "epoch": self.epoch, "history": start.history, "num_workers": num_workers, "worker_id": worker_id,
             "role": start.role, "skip": start.start, "delivered": start.start,
         }
-        return self._counted(start, progress)
+        return self._counted(start, progress, self._slot_pool(worker_id, num_workers))
 
-    def _counted(self, start: Start, progress: dict[str, Any]) -> Iterator[Any]:
+    def _counted(self, start: Start, progress: dict[str, Any], slots: SlotPool | None) -> Iterator[Any]:
         for batch in self._deliver(start):
             progress["delivered"] += 1
-            yield batch
+            yield batch if slots is None else slots.place(batch)
+
+    def _slot_pool(self, worker_id: int, num_workers: int) -> SlotPool | None:
+        """This worker's slots, when a ``StreamLoader`` started it (kept across passes of persistent workers)."""
+        if self._handoff is None or num_workers == 0:
+            return None
+        if self._slots is None or self._slots.pid != os.getpid():
+            self._slots = SlotPool(self._handoff, worker_id)
+        return self._slots
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_slots": None}  # a worker's slots stay in that worker

@@ -1,0 +1,64 @@
+"""StreamLoader's hand-off from worker processes: recycled shared-memory slots, never overwritten while used."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader
+
+import streamshard as ss
+from streamshard.handoff import SLOT_KEY
+from streamshard.testing import write_corpus
+
+from resume_harness import same_batches
+
+
+def corpus(tmp_path):
+    write_corpus(str(tmp_path), [[200] * 6, [150] * 4, [90]])
+    return str(tmp_path)
+
+
+def stream(path):
+    return ss.ParquetStream(path, batch_size=32, shuffle=True, seed=1, rank=0, world_size=1)
+
+
+def test_dropped_batches_recycle_their_slots_and_kept_ones_are_never_overwritten(tmp_path):
+    path = corpus(tmp_path)
+    reference = list(DataLoader(stream(path), batch_size=None, num_workers=2))  # torch's ordinary hand-off
+    kept, views, copies, storages = {}, {}, {}, set()
+    for i, batch in enumerate(ss.StreamLoader(stream(path), num_workers=2)):
+        assert SLOT_KEY not in batch
+        storages.add(batch["input_ids"].untyped_storage().data_ptr())
+        if i % 5 == 0:
+            kept[i] = batch  # the whole batch, held to the end
+        elif i % 5 == 1:
+            views[i] = batch["input_ids"][:3]  # only a view: it must keep the slot too
+        copies[i] = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    assert same_batches([copies[i] for i in range(len(reference))], reference)
+    assert same_batches([kept[i] for i in sorted(kept)], [reference[i] for i in sorted(kept)])
+    for i, view in views.items():
+        assert torch.equal(view, reference[i]["input_ids"][:3]), f"a kept view of batch {i} was overwritten"
+    held = len(kept) + len(views)
+    assert len(storages) < len(reference) - held, "dropped batches' slots were not reused"
+
+
+def test_a_plain_dataloader_over_the_same_dataset_is_not_affected(tmp_path):
+    path = corpus(tmp_path)
+    ds = stream(path)
+    list(ss.StreamLoader(ds, num_workers=2))
+    batches = list(DataLoader(ds, batch_size=None, num_workers=2))
+    assert batches and all(SLOT_KEY not in b for b in batches)
+
+
+def test_persistent_workers_and_abandoned_passes_keep_delivering_correct_batches(tmp_path):
+    path = corpus(tmp_path)
+    reference = list(DataLoader(stream(path), batch_size=None, num_workers=2))
+    loader = ss.StreamLoader(stream(path), num_workers=2, persistent_workers=True)
+    got = []
+    for stop in (3, 7, 10_000):  # abandon two passes mid-way (prefetched batches are never received)
+        for batch in loader:
+            got.append({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in batch.items()})
+            if len(got) >= stop:
+                break
+        if len(got) == len(reference):
+            break
+    assert same_batches(got, reference)
