@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Collection
+from collections.abc import Collection
 
 import numpy as np
 import torch
@@ -21,7 +21,9 @@ def with_ids(batch: Batch, ids: np.ndarray) -> Batch:
 def padding_like(batch: Batch, rows: int, ragged: Collection[str] = ()) -> Batch:
     """``rows`` padding rows shaped like ``batch``: zeros, False, None, and -1 for sample_id and corpus.
 
-    ``ragged`` keys hold all rows' values end to end; padding rows (length 0) add none.
+    ``ragged`` keys (``BatchConverter.ragged_keys``) hold entries of all rows end to end: flat
+    list values and their masks, and the lengths and masks of inner list levels. A padding row
+    has length 0 at the outer level, so it adds no entry to any of them.
     """
     out: Batch = {}
     for key, value in batch.items():
@@ -38,6 +40,8 @@ def padding_like(batch: Batch, rows: int, ragged: Collection[str] = ()) -> Batch
 
 
 def concat(a: Batch, b: Batch) -> Batch:
+    """The rows of ``a`` then ``b``: per-row entries and end-to-end (ragged) entries both concatenate;
+    padded 2-D tensors (lists, their value masks) are first padded to the wider of the two."""
     out: Batch = {}
     for key, value in a.items():
         other = b[key]

@@ -1,48 +1,255 @@
 """Arrow -> torch: how each column type becomes tensors (decided once per schema, applied per batch).
 
-| Arrow type                                   | batch entries                                            |
-|----------------------------------------------|----------------------------------------------------------|
-| bool, int8..int64, uint8, float16/32/64       | 1-D tensor of the same dtype                             |
-| uint16 / uint32 / uint64                      | 1-D int32 / int64 / int64 (uint64 above 2**63-1 is an error) |
-| timestamp, date64, time64, duration           | 1-D int64 in the column's unit since the epoch            |
-| date32, time32                                | 1-D int32                                                |
-| dictionary<numeric>                           | decoded, then as its value type                          |
-| list / large_list<numeric>                    | 2-D tensor padded with 0 + ``<name>_lengths`` (int64);    |
-|                                              | with ``lists="flat"``: 1-D values of all rows + lengths   |
-| fixed_size_list<numeric>[k]                   | 2-D tensor ``[rows, k]``                                 |
-| struct                                        | one entry per field, named ``<name>.<field>``, recursively |
-| string, binary (also large/dictionary/lists)  | Python list, ``None`` for nulls                          |
-| decimal, map, list<list>, union, ...          | ``ConversionError`` naming the file and column           |
+| Arrow type                                     | batch entries                                               |
+|------------------------------------------------|-------------------------------------------------------------|
+| bool, int8..int64, uint8, float16/32/64         | 1-D tensor of the same dtype                                |
+| uint16 / uint32 / uint64                        | 1-D int32 / int64 / int64 (uint64 above 2**63-1 is an error)  |
+| timestamp, date64, time64, duration             | 1-D int64 in the column's unit since the epoch               |
+| date32, time32                                  | 1-D int32                                                   |
+| decimal32/64/128/256, any precision and scale   | 1-D float64: the nearest double while the unscaled integer is |
+|                                                | below 2**53, else within one unit in the last place (float64 |
+|                                                | holds 15-16 significant digits); ``decimals="scaled_int64"``: |
+|                                                | exact int64 value * 10**scale (``BatchConverter.scales``);    |
+|                                                | a value beyond int64 is an error                            |
+| dictionary<...>                                 | decoded, then as its value type                             |
+| list / large_list<number>                       | 2-D tensor padded with 0 + ``<name>_lengths`` (int64);       |
+|                                                | with ``lists="flat"``: 1-D values of all rows + lengths      |
+| fixed_size_list<number>[k] (column, struct field) | 2-D tensor ``[rows, k]``                                  |
+| lists of lists, any depth and list kind         | 1-D values of all rows end to end (whatever ``lists=``),     |
+|                                                | ``<name>_lengths`` (level-1 items per row), ``<name>_lengths.1`` |
+|                                                | (level-2 items per level-1 item), ``<name>_lengths.2``, ...   |
+| struct                                          | one entry per field, named ``<name>.<field>``, recursively   |
+| list<struct>                                    | per field a list entry ``<name>.<field>`` shaped as its depth |
+|                                                | says, all sharing ``<name>_lengths``, recursively             |
+| map<k, v>                                       | as list<struct<key, value>>: ``<name>.key``, ``<name>.value``, |
+|                                                | ``<name>_lengths``                                          |
+| string, binary (also large/dictionary/lists)    | Python list, nested per list level, ``None`` for nulls       |
+| null, list<null>, union, interval, ...          | ``ConversionError`` naming the file, the column and the cause |
 
-A column whose statistics do not rule out nulls (schema field ``nullable``) also gets
-``<name>_mask`` (bool, True = present) in every batch; null values read as 0 and null lists as
-length 0. The keys of a batch never depend on its contents, so every batch of an epoch, on
-every worker, has the same structure.
+Nulls are decided from the schema, so a batch's keys never depend on its contents (every batch
+of an epoch, on every worker, has the same keys):
+
+* a nullable column (the catalog clears ``nullable`` when no file's statistics allow a null)
+  gets ``<name>_mask`` (bool, True = present); null values read as 0, null lists as length 0;
+* a nullable list below the rows gets ``<name>_mask.<k>``: one entry per level-k item;
+* a nullable list element field (``list<item: int32>``, unlike ``list<item: int32 not null>``)
+  gets ``<name>_values_mask`` shaped like ``<name>`` (padded or flat); null elements read as 0;
+* a struct's nulls are nulls of its fields (text keeps ``None`` in its Python lists instead).
+
+Keys in :attr:`BatchConverter.ragged_keys` hold entries of all rows end to end rather than one
+per row (flat values and their masks, inner-level lengths and masks): padding rows add none.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, NamedTuple
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 
 from .errors import ConversionError
+from .tensors_lists import Level, is_list, map_entries, pad, regroup, slots, unnest
+from .tensors_values import DECIMAL_FORMATS, ValueFault, is_number, numbers, valid
 
 Batch = dict[str, Any]
 
-_WIDENED = {pa.uint16(): pa.int32(), pa.uint32(): pa.int64(), pa.uint64(): pa.int64()}
+LIST_FORMATS = ("padded", "flat")
 
 
-def _is_number(t: pa.DataType) -> bool:
-    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+@dataclass(frozen=True)
+class _Leaf:
+    """Values of one kind at one depth: numbers become a tensor, text a Python list."""
+
+    key: str
+    mask: str | None  # key of the validity mask; None when the schema rules nulls out
+    text: bool = False
+    padded: bool = False  # one list level above and lists="padded": [rows, longest]
+    width: int | None = None  # a top-level fixed_size_list: [rows, width]
 
 
-def _is_temporal(t: pa.DataType) -> bool:
-    return pa.types.is_temporal(t)
+@dataclass(frozen=True)
+class _Struct:
+    fields: tuple[tuple[int, _Node], ...]  # (child index, plan)
+
+
+@dataclass(frozen=True)
+class _List:
+    item: _Node
+    lengths: str | None  # None for a top-level fixed_size_list of numbers
+    mask: str | None
+
+
+_Node = _Leaf | _Struct | _List
+
+
+class _How(NamedTuple):
+    decimals: str
+    source: str
+
+
+class BatchConverter:
+    """Turns Arrow tables of one schema into ``dict[str, tensor | list]`` batches."""
+
+    def __init__(self, schema: pa.Schema, source: str = "", lists: str = "padded", decimals: str = "float64") -> None:
+        """Check every column once; ``source`` (a file URL) is named in errors.
+
+        ``lists="flat"`` gives single-level list columns as 1-D values plus lengths (no
+        padding: fewer bytes to move between processes); ``pad_lists`` pads them later, on any
+        device. Deeper lists are always flat. ``decimals="scaled_int64"`` gives decimals as
+        exact int64 ``value * 10**scale`` instead of float64 (see :attr:`scales`).
+        """
+        if lists not in LIST_FORMATS:
+            raise ValueError(f"lists must be one of {LIST_FORMATS}, got {lists!r}")
+        if decimals not in DECIMAL_FORMATS:
+            raise ValueError(f"decimals must be one of {DECIMAL_FORMATS}, got {decimals!r}")
+        self.schema = schema
+        self._how = _How(decimals, source)
+        planner = _Planner(source, lists == "flat", decimals)
+        self._columns = [(field.name, planner.column(field)) for field in schema]
+        self._keys = list(planner.keys)
+        self._ragged = frozenset(planner.ragged)
+        self._scales = dict(planner.scales)
+
+    @property
+    def ragged_keys(self) -> frozenset[str]:
+        """Keys whose tensors hold entries of all rows end to end (not one entry per row).
+
+        Flat list values and their ``_values_mask``, and the lengths and masks of inner list
+        levels (``<name>_lengths.1``, ``<name>_mask.1``, ...): a padding row (length 0 at the
+        outer level) adds no entries to them, and joining two batches concatenates them.
+        """
+        return self._ragged
+
+    @property
+    def keys(self) -> list[str]:
+        """Every key a batch holds (besides ``sample_id``), in order."""
+        return list(self._keys)
+
+    @property
+    def scales(self) -> dict[str, int]:
+        """With ``decimals="scaled_int64"``: each decimal key's scale (the value is ``tensor / 10**scale``)."""
+        return dict(self._scales)
+
+    def __call__(self, table: pa.Table | pa.RecordBatch) -> Batch:
+        """The batch of ``table``'s rows: exactly :attr:`keys`, in that order."""
+        if isinstance(table, pa.Table):
+            table = table.combine_chunks().to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema=table.schema)
+        out: Batch = {}
+        for name, node in self._columns:
+            _walk(node, table.column(name), [], out, self._how)
+        return {key: out[key] for key in self._keys}
+
+
+def _walk(node: _Node, array: pa.Array, levels: list[Level], out: Batch, how: _How) -> None:
+    """Convert ``array`` (the items at depth ``len(levels)``) as ``node`` plans, into ``out``."""
+    if isinstance(node, _Struct):
+        children = array.flatten()  # the struct's own nulls become nulls of its fields
+        for index, child in node.fields:
+            _walk(child, children[index], levels, out, how)
+    elif isinstance(node, _List):
+        level, items = unnest(array)
+        if node.lengths is not None:
+            out[node.lengths] = torch.from_numpy(level.lengths)
+        if node.mask is not None:
+            out[node.mask] = torch.from_numpy(level.present)
+        _walk(node.item, items, levels + [level], out, how)
+    elif node.text:
+        out[node.key] = regroup(array.to_pylist(), levels)
+        if node.mask is not None:
+            out[node.mask] = torch.from_numpy(valid(array))
+    else:
+        _numbers_leaf(node, array, levels, out, how)
+
+
+def _numbers_leaf(node: _Leaf, array: pa.Array, levels: list[Level], out: Batch, how: _How) -> None:
+    try:
+        values = numbers(array, how.decimals)
+    except ValueFault as exc:
+        raise ConversionError(f"column {node.key!r} of {how.source or 'this dataset'}: {exc}") from None
+    present = valid(array) if node.mask is not None else None
+    if node.padded:
+        where = slots(levels[0].lengths, node.width)
+        values = pad(values, where)
+        if present is not None:
+            present = where if not array.null_count else pad(present, where)  # no nulls: present = filled
+    out[node.key] = torch.from_numpy(values)
+    if present is not None:
+        out[node.mask] = torch.from_numpy(present)
+
+
+_VALUES, _LENGTHS, _VALUES_MASK, _MASK = range(4)  # the order of a top-level value's keys
+
+
+class _Planner:
+    """Reads a schema once into plans; collects the keys they produce and how each behaves."""
+
+    def __init__(self, source: str, flat: bool, decimals: str) -> None:
+        self.source, self.flat, self.decimals = source, flat, decimals
+        self.keys: list[str] = []
+        self._seen: set[str] = set()
+        self.ragged: set[str] = set()
+        self.scales: dict[str, int] = {}
+        self._column: list[tuple[int, int, str]] = []  # (value, rank, key)
+        self._values = 0
+
+    def column(self, field: pa.Field) -> _Node:
+        """The plan of one column; its keys join :attr:`keys`: per top-level value (a column or
+        struct field), values first, then lengths, values masks and masks."""
+        self._column = []
+        node = self._plan(field.type, field.name, field.nullable, 0, field)
+        self.keys.extend(key for *_, key in sorted(self._column, key=lambda entry: entry[:2]))  # stable
+        return node
+
+    def _add(self, key: str, rank: int, ragged: bool, field: pa.Field) -> str:
+        if key in self._seen:
+            raise self._refusal(field, f"its entry {key!r} is also the name of another entry")
+        self._seen.add(key)
+        self._column.append((self._values, rank, key))
+        if ragged:
+            self.ragged.add(key)
+        return key
+
+    def _plan(self, t: pa.DataType, name: str, nullable: bool, depth: int, top: pa.Field, width: int | None = None) -> _Node:
+        if depth == 0 and not pa.types.is_struct(t):
+            self._values += 1
+        if pa.types.is_struct(t):
+            return _Struct(tuple(
+                (i, self._plan(f.type, f"{name}.{f.name}", f.nullable or nullable, depth, top)) for i, f in enumerate(t)
+            ))
+        if _is_text_tree(t):
+            self._add(name, _VALUES, False, top)
+            mask = self._add(f"{name}_mask", _MASK, False, top) if nullable and depth == 0 else None
+            return _Leaf(name, mask, text=True)
+        if is_list(t):
+            item = (map_entries(t) if pa.types.is_map(t) else t).value_field
+            fixed = depth == 0 and pa.types.is_fixed_size_list(t) and is_number(_decoded(item.type))
+            level = "" if depth == 0 else f".{depth}"  # inner levels hold one entry per item, end to end
+            lengths = None if fixed else self._add(f"{name}_lengths{level}", _LENGTHS, depth > 0, top)
+            mask = self._add(f"{name}_mask{level}", _MASK, depth > 0, top) if nullable else None
+            child = self._plan(item.type, name, item.nullable, depth + 1, top, t.list_size if fixed else None)
+            return _List(child, lengths, mask)
+        if is_number(_decoded(t)):
+            ragged = depth >= 2 or (depth == 1 and self.flat and width is None)
+            self._add(name, _VALUES, ragged, top)
+            mask = None
+            if nullable:
+                mask = self._add(f"{name}_mask" if depth == 0 else f"{name}_values_mask",
+                                 _MASK if depth == 0 else _VALUES_MASK, ragged, top)
+            if pa.types.is_decimal(_decoded(t)) and self.decimals == "scaled_int64":
+                self.scales[name] = _decoded(t).scale
+            return _Leaf(name, mask, padded=depth == 1 and not ragged, width=width)
+        raise self._refusal(top, _cause(t) + ("" if name == top.name else f" (in {name!r})"))
+
+    def _refusal(self, field: pa.Field, cause: str) -> ConversionError:
+        return ConversionError(
+            f"{self.source or 'schema'}: column {field.name!r} of type {field.type} has no tensor conversion: "
+            f"{cause} (leave it out with columns=)"
+        )
+
+
+def _decoded(t: pa.DataType) -> pa.DataType:
+    return t.value_type if pa.types.is_dictionary(t) else t
 
 
 def _is_text(t: pa.DataType) -> bool:
@@ -57,207 +264,22 @@ def _is_text(t: pa.DataType) -> bool:
     )
 
 
-def _is_list(t: pa.DataType) -> bool:
-    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+def _is_text_tree(t: pa.DataType) -> bool:
+    """Text, or lists of text to any depth: one Python value per row, nested as the lists are."""
+    t = _decoded(t)
+    if is_list(t) and not pa.types.is_map(t):
+        return _is_text_tree(t.value_type)
+    return _is_text(t)
 
 
-@dataclass(frozen=True)
-class _Column:
-    path: tuple[str, ...]  # how to reach the array from the table (struct fields)
-    keys: tuple[str, ...]  # the batch entries this column produces
-    convert: Callable[[pa.Array], dict[str, Any]]
-    ragged: bool = False  # keys[0] holds all rows' values end to end
-
-
-LIST_FORMATS = ("padded", "flat")
-
-
-class BatchConverter:
-    """Turns Arrow tables of one schema into ``dict[str, tensor | list]`` batches."""
-
-    def __init__(self, schema: pa.Schema, source: str = "", lists: str = "padded") -> None:
-        """Check every column once; ``source`` (a file URL) is named in errors.
-
-        ``lists="flat"`` gives variable-length list columns as 1-D values plus lengths (no
-        padding: fewer bytes to move between processes); ``pad_lists`` pads them later,
-        on any device.
-        """
-        if lists not in LIST_FORMATS:
-            raise ValueError(f"lists must be one of {LIST_FORMATS}, got {lists!r}")
-        self.schema = schema
-        self._columns: list[_Column] = []
-        for field in schema:
-            self._columns.extend(_plan_field(field, (field.name,), source, lists == "flat"))
-
-    @property
-    def ragged_keys(self) -> frozenset[str]:
-        """Keys whose tensors hold the values of all rows end to end (not one entry per row)."""
-        return frozenset(c.keys[0] for c in self._columns if c.ragged)
-
-    @property
-    def keys(self) -> list[str]:
-        """Every key a batch holds (besides ``sample_id``), in order."""
-        return [k for column in self._columns for k in column.keys]
-
-    def __call__(self, table: pa.Table | pa.RecordBatch) -> Batch:
-        if isinstance(table, pa.Table):
-            table = table.combine_chunks().to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema=table.schema)
-        out: Batch = {}
-        for column in self._columns:
-            array = table.column(column.path[0])
-            for part in column.path[1:]:
-                array = array.flatten()[array.type.get_field_index(part)]  # applies the parent's nulls
-            out.update(column.convert(array))
-        return out
-
-
-def _plan_field(field: pa.Field, path: tuple[str, ...], source: str, flat: bool = False) -> list[_Column]:
-    name, t, nullable = ".".join(path), field.type, field.nullable
-    mask = (f"{name}_mask",) if nullable else ()
-    if pa.types.is_struct(t):
-        out = []
-        for child in t:
-            out.extend(_plan_field(child.with_nullable(child.nullable or nullable), path + (child.name,), source, flat))
-        return out
-    decode = pa.types.is_dictionary(t)
-    value_type = t.value_type if decode else t
-    if _is_number(value_type) or _is_temporal(value_type):
-        _refuse_inexact(value_type, name, source)
-        return [_Column(path, (name,) + mask, _scalar_converter(name, nullable, decode))]
-    if _is_text(value_type):
-        return [_Column(path, (name,) + mask, _python_converter(name, nullable, decode))]
-    if _is_list(t):
-        item = t.value_type
-        if _is_number(item) or _is_temporal(item):
-            _refuse_inexact(item, name, source)
-            fixed = pa.types.is_fixed_size_list(t)
-            keys = (name,) + (() if fixed else (f"{name}_lengths",)) + mask
-            return [_Column(path, keys, _list_converter(name, nullable, fixed, flat), ragged=flat and not fixed)]
-        if _is_text(item):
-            return [_Column(path, (name,) + mask, _python_converter(name, nullable, False))]
-    raise ConversionError(
-        f"{source or 'schema'}: column {name!r} of type {field.type} has no tensor conversion "
-        "(leave it out with columns=)"
-    )
-
-
-def _refuse_inexact(t: pa.DataType, name: str, source: str) -> None:
-    if pa.types.is_decimal(t) or pa.types.is_interval(t):
-        raise ConversionError(
-            f"{source or 'schema'}: column {name!r} of type {t} has no exact tensor conversion "
-            "(cast it to float64 or an integer when writing, or leave it out with columns=)"
-        )
-
-
-def _numeric_view(array: pa.Array, name: str) -> pa.Array:
-    t = array.type
-    if pa.types.is_temporal(t):
-        return array.view(pa.int32() if t.bit_width == 32 else pa.int64())
-    if t == pa.uint64() and len(array):
-        top = pc.max(array).as_py()
-        if top is not None and top >= 2**63:
-            raise ConversionError(f"column {name!r}: uint64 value {top} does not fit int64")
-    return array.cast(_WIDENED[t]) if t in _WIDENED else array
-
-
-def _to_numpy(array: pa.Array) -> np.ndarray:
-    if pa.types.is_boolean(array.type):
-        return array.to_numpy(zero_copy_only=False)
-    # Copy so the tensor owns writable memory (Arrow buffers are immutable).
-    return np.array(array.to_numpy(zero_copy_only=False), copy=True)
-
-
-def _mask(array: pa.Array) -> torch.Tensor:
-    return torch.from_numpy(array.is_valid().to_numpy(zero_copy_only=False))
-
-
-def _scalar_converter(name: str, nullable: bool, decode: bool) -> Callable[[pa.Array], dict[str, Any]]:
-    def convert(array: pa.Array) -> dict[str, Any]:
-        if decode:
-            array = array.dictionary_decode()
-        out: dict[str, Any] = {}
-        if nullable:
-            out[f"{name}_mask"] = _mask(array)
-        values = _numeric_view(array, name)
-        if values.null_count:
-            values = values.fill_null(False if pa.types.is_boolean(values.type) else 0)
-        out[name] = torch.from_numpy(_to_numpy(values))
-        return out
-
-    return convert
-
-
-def _python_converter(name: str, nullable: bool, decode: bool) -> Callable[[pa.Array], dict[str, Any]]:
-    def convert(array: pa.Array) -> dict[str, Any]:
-        out: dict[str, Any] = {name: array.to_pylist()}
-        if nullable:
-            out[f"{name}_mask"] = _mask(array)
-        return out
-
-    return convert
-
-
-def _list_converter(name: str, nullable: bool, fixed: bool, flat: bool = False) -> Callable[[pa.Array], dict[str, Any]]:
-    def convert(array: pa.Array) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if nullable:
-            out[f"{name}_mask"] = _mask(array)
-        if fixed:
-            out[name] = _fixed_list_tensor(array, name)
-        elif flat:
-            values, lengths = _list_values(array, name)
-            out[name], out[f"{name}_lengths"] = torch.from_numpy(np.array(values, copy=True)), torch.from_numpy(lengths)
-        else:
-            out[name], out[f"{name}_lengths"] = _padded_list_tensor(array, name)
-        return out
-
-    return convert
-
-
-def _refuse_inner_nulls(values: pa.Array, name: str) -> None:
-    raise ConversionError(
-        f"column {name!r}: null values inside lists have no tensor meaning here "
-        "(null lists are fine; fill inner nulls when writing)"
-    )
-
-
-def _fixed_list_tensor(array: pa.FixedSizeListArray, name: str) -> torch.Tensor:
-    width, rows = array.type.list_size, len(array)
-    values = array.values.slice(array.offset * width, rows * width)  # aligned with rows, nulls included
-    row_valid = array.is_valid().to_numpy(zero_copy_only=False)
-    if values.null_count:
-        value_valid = values.is_valid().to_numpy(zero_copy_only=False).reshape(rows, width)
-        if (~value_valid & row_valid[:, None]).any():
-            _refuse_inner_nulls(values, name)
-        values = values.fill_null(False if pa.types.is_boolean(values.type) else 0)
-    out = _to_numpy(_numeric_view(values, name)).reshape(rows, width)
-    if not row_valid.all():
-        out[~row_valid] = 0  # the slots behind a null list are unspecified
-    return torch.from_numpy(out)
-
-
-def _list_values(array: pa.Array, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """All rows' values end to end (read-only view where possible) and each row's length."""
-    offsets = array.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
-    lengths = np.diff(offsets)
-    if array.null_count:
-        lengths = np.where(array.is_valid().to_numpy(zero_copy_only=False), lengths, 0)
-    flat = array.flatten()  # respects slicing and skips the values behind null lists
-    if flat.null_count:
-        _refuse_inner_nulls(flat, name)
-    return _numeric_view(flat, name).to_numpy(zero_copy_only=False), lengths
-
-
-def _padded_list_tensor(array: pa.Array, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    values, lengths = _list_values(array, name)
-    rows = len(array)
-    width = int(lengths.max()) if rows else 0
-    padded = np.zeros((rows, width), dtype=values.dtype)
-    if values.size:
-        # A boolean mask visits cells in row-major order, the order of the flattened values:
-        # one vectorised pass, several times faster than scattering through (row, col) indices.
-        padded[np.arange(width) < lengths[:, None]] = values
-    return torch.from_numpy(padded), torch.from_numpy(lengths)
+def _cause(t: pa.DataType) -> str:
+    if pa.types.is_null(t):
+        return "type null holds no values"
+    if pa.types.is_union(t):
+        return f"a union ({t}) has no single tensor type"
+    if pa.types.is_interval(t):
+        return f"{t} (months, days and nanoseconds) has no exact tensor form"
+    return f"{t} has no tensor meaning"
 
 
 def pad_lists(values: torch.Tensor, lengths: torch.Tensor, width: int | None = None, value: float = 0) -> torch.Tensor:
