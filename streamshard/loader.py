@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from .errors import StateError
 from .handoff import SlotLeases, new_leases
+from .prefetch import DevicePrefetcher
 from .sampler import ElasticSampler
 from .validate import check_bool, check_int
 
@@ -187,6 +188,14 @@ class StreamLoader:
             with ``sampler.resize``: the loader keeps the count.
         batch_size, collate_fn, drop_last: as for ``DataLoader`` (map-style only; ``batch_size``
             defaults to 1; ``drop_last`` drops a short last batch).
+        device, prefetch_depth: hand out batches already on ``device`` (e.g. "cuda"): copies run
+            ``prefetch_depth`` batches ahead, on CUDA through reusable pinned buffers and a side
+            stream while the previous step computes (``DevicePrefetcher``). The checkpoint counts
+            the batches handed out, not the ones copied ahead.
+
+    Worker processes hand batches over through recycled shared-memory slots (``handoff.py``):
+    no fresh shared-memory segment per tensor, and a batch the training loop still holds is
+    never overwritten.
     """
 
     def __init__(
@@ -204,13 +213,19 @@ class StreamLoader:
         batch_size: int | None = None,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         drop_last: bool = False,
+        device: str | torch.device | None = None,
+        prefetch_depth: int = 2,
     ) -> None:
         self.dataset = dataset
         self._source = _source(dataset, sampler, batch_size, collate_fn, drop_last)
         self.num_workers = check_int(num_workers, "num_workers", 0, 1024)
         if persistent_workers and not self.num_workers:
             raise ValueError("persistent_workers=True needs num_workers > 0")
-        self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
+        self.device = None if device is None else torch.device(device)
+        self.prefetch_depth = check_int(prefetch_depth, "prefetch_depth", 1)
+        # With a device the prefetcher pins and copies itself; otherwise pin when CUDA is there.
+        default_pin = torch.cuda.is_available() and self.device is None
+        self.pin_memory = default_pin if pin_memory is None else bool(pin_memory)
         self._loader_args = dict(prefetch_factor=prefetch_factor, persistent_workers=bool(persistent_workers),
                                  multiprocessing_context=multiprocessing_context, timeout=timeout,
                                  worker_init_fn=worker_init_fn)
@@ -269,14 +284,21 @@ class StreamLoader:
         if self._slots is not None:
             # Batches sent but never received (a pass abandoned mid-way) free their slots here.
             self._slots.reset()
-        return self._count(self._source.start(loader, self._slots.leases if self._slots else None))
+        batches = self._received(self._source.start(loader, self._slots.leases if self._slots else None))
+        if self.device is not None:
+            batches = iter(DevicePrefetcher(batches, self.device, self.prefetch_depth))
+        return self._count(batches)
+
+    def _received(self, batches: Iterator[Any]) -> Iterator[Any]:
+        for batch in batches:
+            if self._slots is not None:
+                batch = self._slots.receive(batch, copied=self.pin_memory)
+                self._slots.sweep()  # slots of earlier batches the training loop (or the copy) let go of
+            yield batch
 
     def _count(self, batches: Iterator[Any]) -> Iterator[Any]:
         for batch in batches:
             self._consumed += 1
-            if self._slots is not None:
-                batch = self._slots.receive(batch, copied=self.pin_memory)
-                self._slots.sweep()  # slots of earlier batches the training loop has let go of
             yield batch
         # The epoch is exhausted: the next pass starts the next one.
         self._consumed, self._resumed = 0, False

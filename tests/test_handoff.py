@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
@@ -62,3 +65,27 @@ def test_persistent_workers_and_abandoned_passes_keep_delivering_correct_batches
         if len(got) == len(reference):
             break
     assert same_batches(got, reference)
+
+
+def test_a_device_loader_counts_the_batches_it_hands_out_not_those_copied_ahead(tmp_path):
+    path = corpus(tmp_path)
+    plain = ss.StreamLoader(stream(path), num_workers=2)
+    on_device = ss.StreamLoader(stream(path), num_workers=2, device="cpu", prefetch_depth=3)
+    head = list(itertools.islice(plain, 4))
+    assert same_batches(list(itertools.islice(on_device, 4)), head)
+    assert on_device.state_dict() == plain.state_dict()
+    resumed = ss.StreamLoader(stream(path), num_workers=1, device="cpu")
+    resumed.load_state_dict(on_device.state_dict())
+    rest = list(resumed)
+    ids = torch.cat([b["sample_id"] for b in head + rest])
+    assert sorted(ids[ids >= 0].tolist()) == list(range(6 * 200 + 4 * 150 + 90)), "every row once across the resume"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_batches_arrive_on_the_device_with_the_same_values(tmp_path):
+    path = corpus(tmp_path)
+    reference = list(DataLoader(stream(path), batch_size=None, num_workers=2))
+    got = list(ss.StreamLoader(stream(path), num_workers=2, device="cuda"))
+    assert all(v.device.type == "cuda" for b in got for v in b.values() if isinstance(v, torch.Tensor))
+    cpu = [{k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in b.items()} for b in got]
+    assert same_batches(cpu, reference)
