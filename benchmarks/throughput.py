@@ -398,7 +398,8 @@ def _native_file(url: str) -> pq.ParquetFile:
 def _convert_parts(table: pa.Table, t: dict[str, float]) -> None:
     batch = _timed(lambda: table.drop_columns(["sample_id"]).combine_chunks().to_batches()[0], t, "3a combine_chunks")
     tokens = batch.column(1)
-    _timed(lambda: ss_tensors._padded_list_tensor(tokens, "input_ids"), t, "3b pad input_ids: current (index scatter)")
+    one_column = ss_tensors.BatchConverter(pa.schema([pa.field("input_ids", tokens.type)]))
+    _timed(lambda: one_column(pa.table({"input_ids": tokens})), t, "3b pad input_ids: current (BatchConverter)")
     offsets, values = _list_parts(tokens)
     _timed(lambda: pad_mask(offsets, values), t, "alt pad input_ids: boolean mask")
     _timed(lambda: pad_rowwise(offsets, values), t, "alt pad input_ids: per-row slice copy")

@@ -103,6 +103,10 @@ class BlendedStream(PlannedStream):
         """Rows per corpus (int64, in :attr:`names` order)."""
         return np.asarray([ds.catalog.num_rows for ds in self.datasets], dtype=np.int64)
 
+    @property
+    def shuffled(self) -> bool:
+        return self.order == "shuffled" or any(ds.config.shuffle for ds in self.datasets)
+
     def counts(self) -> dict[str, int]:
         """Samples each corpus delivers per blend epoch: ``blend_counts(weights, num_samples)``."""
         return dict(zip(self.names, blend_counts(self.weights, self.num_samples).tolist()))
@@ -153,9 +157,12 @@ class BlendedStream(PlannedStream):
             # Logical types were checked equal; representation and nullability may still differ.
             return read_as(ds._read(readers[what.source], Read(0, what.rg)), schema, f"corpus {self.names[what.source]!r}")
 
+        def place(what: Read) -> str:
+            return f"corpus {self.names[what.source]!r} {self.datasets[what.source].catalog.place(what.rg)}"
+
         try:
             read_ahead = max(ds.read_ahead for ds in self.datasets)
-            for batch in deliver(self.blend_batches(start), start.start, read, converter, read_ahead):
+            for batch in deliver(self.blend_batches(start), start.start, read, converter, read_ahead, describe=place):
                 yield batch if self.transform is None else self.transform(batch)
         finally:
             for reader in readers.values():

@@ -27,7 +27,7 @@ from .reader import RowGroupReader
 from .resume import Planner, Start
 from .schema import parse_cast, read_as
 from .stream_base import PlannedStream
-from .tensors import LIST_FORMATS, Batch, BatchConverter
+from .tensors import DECIMAL_FORMATS, INNER_NULLS, LIST_FORMATS, Batch, BatchConverter
 from .topology import Topology, distributed_rank_world, resolve_rank_world
 from .validate import check_int
 
@@ -77,6 +77,11 @@ class ParquetStream(PlannedStream):
             disagree (int32 in some, int64 in others). Files from different writers that differ
             only physically (``large_list`` vs ``list``, dictionary-encoded vs plain, nullability)
             stream together without it.
+        decimals: "float64" (the nearest double) or "scaled_int64" (exact ``value * 10**scale``).
+        inner_nulls: "error" (a null element inside a list is an error naming file and column) or
+            "mask" (nulls read as 0, with ``<name>_values_mask`` for every list column whose
+            elements the schema lets be null: writers such as pyarrow do by default, so "mask"
+            adds a bool per list value to every batch).
     """
 
     def __init__(
@@ -98,6 +103,8 @@ class ParquetStream(PlannedStream):
         catalog_cache: str | None = None,
         lists: str = "padded",
         cast: Mapping[str, Any] | None = None,
+        decimals: str = "float64",
+        inner_nulls: str = "error",
     ) -> None:
         if isinstance(paths, (list, tuple)) and paths and all(isinstance(p, str) and p for p in paths):
             self.paths: list[str] = list(paths)
@@ -111,6 +118,11 @@ class ParquetStream(PlannedStream):
             raise ValueError(f"transform must be callable, got {transform!r}")
         if lists not in LIST_FORMATS:
             raise ValueError(f"lists must be one of {LIST_FORMATS}, got {lists!r}")
+        if decimals not in DECIMAL_FORMATS:
+            raise ValueError(f"decimals must be one of {DECIMAL_FORMATS}, got {decimals!r}")
+        if inner_nulls not in INNER_NULLS:
+            raise ValueError(f"inner_nulls must be one of {INNER_NULLS}, got {inner_nulls!r}")
+        self.decimals, self.inner_nulls = decimals, inner_nulls
         self.read_ahead = check_int(read_ahead, "read_ahead", 0, 64)
         self.partitions = check_int(partitions, "partitions", 1, none_ok=True)
         if shuffle_window is None:
@@ -153,7 +165,7 @@ class ParquetStream(PlannedStream):
         if self._catalog is None:
             catalog = Catalog.build(self.paths, self.columns, self.storage_options, cache_dir=self.catalog_cache,
                                     cast=self.cast)
-            self._converter = BatchConverter(catalog.schema, source=catalog.urls[0], lists=self.lists)
+            self._converter = self._make_converter(catalog)
             self._catalog = catalog
         return self._catalog
 
@@ -161,8 +173,12 @@ class ParquetStream(PlannedStream):
     def converter(self) -> BatchConverter:
         """How this dataset's columns become tensors (checked against the schema on first use)."""
         if self._converter is None:
-            self._converter = BatchConverter(self.catalog.schema, source=self.catalog.urls[0], lists=self.lists)
+            self._converter = self._make_converter(self.catalog)
         return self._converter
+
+    def _make_converter(self, catalog: Catalog) -> BatchConverter:
+        return BatchConverter(catalog.schema, source=catalog.urls[0], lists=self.lists, decimals=self.decimals,
+                              inner_nulls=self.inner_nulls)
 
     @property
     def layout(self) -> Layout:
@@ -201,6 +217,10 @@ class ParquetStream(PlannedStream):
             "dropped_rows": plan.dropped_rows(),
         }
 
+    @property
+    def shuffled(self) -> bool:
+        return self.config.shuffle
+
     # -- checkpoint state ---------------------------------------------------------------------
     def fingerprint(self) -> dict[str, Any]:
         """Everything that decides which rows an epoch delivers in which order (reads the footers)."""
@@ -231,7 +251,9 @@ class ParquetStream(PlannedStream):
         stats = DeliveryStats(reader.stats) if self.stats_hook is not None else None
         try:
             read = lambda what: self._read(reader, what)  # noqa: E731
-            for batch in deliver(start.schedule, start.start, read, self.converter, self.read_ahead, stats):
+            place = lambda what: self.catalog.place(what.rg)  # noqa: E731 - for conversion errors
+            for batch in deliver(start.schedule, start.start, read, self.converter, self.read_ahead, stats,
+                                 describe=place):
                 if stats is not None and self.stats_hook is not None:
                     self.stats_hook(stats)
                 yield batch if self.transform is None else self.transform(batch)
@@ -298,7 +320,7 @@ class ParquetStream(PlannedStream):
             )
 
     def _warn_once(self, key: str, message: str) -> None:
+        """One event, one message: a Python warning (the channel for set-up problems), once per dataset."""
         if key not in self._warned:
             self._warned.add(key)
             warnings.warn(message, stacklevel=3)
-            log.warning(message)

@@ -107,6 +107,10 @@ class PackedStream(PlannedStream):
         return self._tokens
 
     @property
+    def shuffled(self) -> bool:
+        return self.source.config.shuffle
+
+    @property
     def num_tokens(self) -> int:
         return int(self.tokens.sum())
 

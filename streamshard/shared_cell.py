@@ -13,7 +13,7 @@ class EpochCell:
     """
 
     def __init__(self) -> None:
-        self._slots = torch.tensor([0, -1], dtype=torch.int64).share_memory_()
+        self._slots = torch.tensor([0, -1, -1], dtype=torch.int64).share_memory_()
 
     @property
     def epoch(self) -> int:
@@ -30,3 +30,12 @@ class EpochCell:
     @workers.setter
     def workers(self, value: int) -> None:
         self._slots[1] = int(value)
+
+    @property
+    def last_pass(self) -> int:
+        """The epoch the last pass started from its beginning (-1: none yet)."""
+        return int(self._slots[2])
+
+    @last_pass.setter
+    def last_pass(self, epoch: int) -> None:
+        self._slots[2] = int(epoch)

@@ -14,6 +14,7 @@ order (``planner``, ``fingerprint``) and how to turn a worker's schedule into ba
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Iterator, Mapping
 
 from torch.utils.data import IterableDataset
@@ -45,6 +46,7 @@ class PlannedStream(IterableDataset):
         self._progress: dict[str, Any] | None = None  # what this process's current pass delivered
         self._handoff: Any = None  # StreamLoader's slot leases, seen by the workers it starts (handoff.py)
         self._slots: SlotPool | None = None  # this worker process's slots
+        self._repeat_warned = False
 
     # -- what a subclass provides ---------------------------------------------------------------
     @property
@@ -182,6 +184,8 @@ class PlannedStream(IterableDataset):
         if worker_id == 0:
             self._cell.workers = num_workers
         start = self._start(worker_id, num_workers)
+        if worker_id == 0:
+            self._notice_repeated_epoch()
         self._before_pass(start, worker_id, num_workers)
         progress = self._progress = {
             "epoch": self.epoch, "history": start.history, "num_workers": num_workers, "worker_id": worker_id,
@@ -193,6 +197,24 @@ class PlannedStream(IterableDataset):
         for batch in self._deliver(start):
             progress["delivered"] += 1
             yield batch if slots is None else slots.place(batch)
+
+    def _notice_repeated_epoch(self) -> None:
+        """A second full pass over one shuffled epoch repeats its order exactly: say so, once."""
+        epoch = self.epoch
+        fresh = self._active_position is None
+        if fresh and self._cell.last_pass == epoch and self.shuffled and not self._repeat_warned:
+            self._repeat_warned = True
+            warnings.warn(
+                f"{type(self).__name__}: another pass over epoch {epoch} without set_epoch() delivers the same order "
+                "as the last one; call set_epoch(epoch) every epoch, or iterate with ss.StreamLoader, which moves to "
+                "the next epoch by itself", stacklevel=4)
+        if fresh:
+            self._cell.last_pass = epoch
+
+    @property
+    def shuffled(self) -> bool:
+        """Whether the order depends on the epoch (a repeated epoch is then worth a warning)."""
+        return True
 
     def _slot_pool(self, worker_id: int, num_workers: int) -> SlotPool | None:
         """This worker's slots, when a ``StreamLoader`` started it (kept across passes of persistent workers)."""

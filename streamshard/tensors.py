@@ -83,6 +83,9 @@ class _List:
 _Node = _Leaf | _Struct | _List
 
 
+INNER_NULLS = ("error", "mask")
+
+
 class _How(NamedTuple):
     decimals: str
     source: str
@@ -91,7 +94,8 @@ class _How(NamedTuple):
 class BatchConverter:
     """Turns Arrow tables of one schema into ``dict[str, tensor | list]`` batches."""
 
-    def __init__(self, schema: pa.Schema, source: str = "", lists: str = "padded", decimals: str = "float64") -> None:
+    def __init__(self, schema: pa.Schema, source: str = "", lists: str = "padded", decimals: str = "float64",
+                 inner_nulls: str = "error") -> None:
         """Check every column once; ``source`` (a file URL) is named in errors.
 
         ``lists="flat"`` gives single-level list columns as 1-D values plus lengths (no
@@ -103,9 +107,11 @@ class BatchConverter:
             raise ValueError(f"lists must be one of {LIST_FORMATS}, got {lists!r}")
         if decimals not in DECIMAL_FORMATS:
             raise ValueError(f"decimals must be one of {DECIMAL_FORMATS}, got {decimals!r}")
+        if inner_nulls not in INNER_NULLS:
+            raise ValueError(f"inner_nulls must be one of {INNER_NULLS}, got {inner_nulls!r}")
         self.schema = schema
         self._how = _How(decimals, source)
-        planner = _Planner(source, lists == "flat", decimals)
+        planner = _Planner(source, lists == "flat", decimals, inner_nulls == "mask")
         self._columns = [(field.name, planner.column(field)) for field in schema]
         self._keys = list(planner.keys)
         self._ragged = frozenset(planner.ragged)
@@ -167,6 +173,9 @@ def _numbers_leaf(node: _Leaf, array: pa.Array, levels: list[Level], out: Batch,
         values = numbers(array, how.decimals)
     except ValueFault as exc:
         raise ConversionError(f"column {node.key!r} of {how.source or 'this dataset'}: {exc}") from None
+    if node.mask is None and levels and array.null_count:
+        raise ConversionError(f"column {node.key!r} of {how.source or 'this dataset'}: null values inside lists; "
+                              "pass inner_nulls='mask' to read them as 0 with a <name>_values_mask entry")
     present = valid(array) if node.mask is not None else None
     if node.padded:
         where = slots(levels[0].lengths, node.width)
@@ -184,8 +193,8 @@ _VALUES, _LENGTHS, _VALUES_MASK, _MASK = range(4)  # the order of a top-level va
 class _Planner:
     """Reads a schema once into plans; collects the keys they produce and how each behaves."""
 
-    def __init__(self, source: str, flat: bool, decimals: str) -> None:
-        self.source, self.flat, self.decimals = source, flat, decimals
+    def __init__(self, source: str, flat: bool, decimals: str, inner_masks: bool) -> None:
+        self.source, self.flat, self.decimals, self.inner_masks = source, flat, decimals, inner_masks
         self.keys: list[str] = []
         self._seen: set[str] = set()
         self.ragged: set[str] = set()
@@ -233,7 +242,9 @@ class _Planner:
             ragged = depth >= 2 or (depth == 1 and self.flat and width is None)
             self._add(name, _VALUES, ragged, top)
             mask = None
-            if nullable:
+            # Writers mark list elements nullable by default (pyarrow does): a mask the size of every
+            # token only when asked for; otherwise a null element is an error (see _numbers_leaf).
+            if nullable and (depth == 0 or self.inner_masks):
                 mask = self._add(f"{name}_mask" if depth == 0 else f"{name}_values_mask",
                                  _MASK if depth == 0 else _VALUES_MASK, ragged, top)
             if pa.types.is_decimal(_decoded(t)) and self.decimals == "scaled_int64":

@@ -226,3 +226,28 @@ def _free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def test_a_second_pass_over_a_shuffled_epoch_without_set_epoch_is_warned_about_once(small_corpus):
+    ds = ss.ParquetStream(small_corpus, shuffle=True, rank=0, world_size=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        first = ids_of(list(DataLoader(ds, batch_size=None, num_workers=2)))
+    with pytest.warns(UserWarning, match="same order as the last one"):
+        again = ids_of(list(DataLoader(ds, batch_size=None, num_workers=0)))
+    assert np.array_equal(np.sort(first[first >= 0]), np.sort(again[again >= 0]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        list(ds)  # once is enough
+        ds.set_epoch(1)
+        list(ds)
+        loader = ss.StreamLoader(ss.ParquetStream(small_corpus, shuffle=True, rank=0, world_size=1))
+        list(loader), list(loader)  # the loader moves to the next epoch itself: no warning
+
+
+def test_a_setup_warning_is_one_message_not_a_warning_and_a_log_line(small_corpus, caplog):
+    ds = ss.ParquetStream(small_corpus, rank=0, world_size=8)
+    with pytest.warns(UserWarning, match="global workers share") as caught:
+        list(ds)  # in this process, where the warning can be caught
+    assert len([w for w in caught if "global workers share" in str(w.message)]) == 1
+    assert not [r for r in caplog.records if "global workers share" in r.getMessage()]

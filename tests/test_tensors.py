@@ -168,12 +168,14 @@ def parquet(tmp_path, columns, name: str = "t.parquet", **write) -> str:
 def convert(path: str, **kwargs):
     """The converter planned from the file's schema, and the whole file as one batch."""
     table = pq.read_table(path)
+    kwargs.setdefault("inner_nulls", "mask")  # the nested shapes below are checked in their masked form
     converter = BatchConverter(table.schema, source=path, **kwargs)
     return converter, converter(table)
 
 
 def loader_batches(path: str, **kwargs):
     """What training sees: ``ParquetStream(batch_size=4)`` through a real DataLoader."""
+    kwargs.setdefault("inner_nulls", "mask")
     ds = ss.ParquetStream(path, batch_size=4, rank=0, world_size=1, **kwargs)
     return ds, list(DataLoader(ds, batch_size=None))
 
@@ -394,7 +396,7 @@ def test_every_shape_streams_through_a_dataloader_with_padding(tmp_path, shape, 
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_joining_two_batches_equals_converting_their_rows_together(tmp_path, shape):
     table = pq.read_table(parquet(tmp_path, SHAPES[shape]))
-    converter = BatchConverter(table.schema)
+    converter = BatchConverter(table.schema, inner_nulls="mask")
     for cut in range(table.num_rows + 1):
         joined = concat(converter(table.slice(0, cut)), converter(table.slice(cut)))
         for key, want in converter(table).items():
@@ -441,3 +443,17 @@ def test_generated_keys_that_collide_with_a_column_are_refused():
     schema = pa.schema([("v", pa.list_(pa.int32())), ("v_lengths", pa.int64())])
     with pytest.raises(ss.ConversionError, match="'v_lengths'.*also the name of another entry"):
         BatchConverter(schema, source="c.parquet")
+
+
+def test_by_default_list_elements_get_no_mask_and_a_null_element_names_the_column(tmp_path):
+    """pyarrow marks list elements nullable: a mask per token by default would cost every batch a bool per value."""
+    clean = parquet(tmp_path, {"ids": pa.array([[1, 2], [], [3]], pa.list_(pa.int32()))}, name="clean.parquet")
+    batch = next(iter(ss.ParquetStream(clean, batch_size=None, rank=0, world_size=1)))
+    assert "ids_values_mask" not in batch and batch["ids"].tolist() == [[1, 2], [0, 0], [3, 0]]
+    holes = parquet(tmp_path, {"ids": pa.array([[1, None], [3]], pa.list_(pa.int32()))}, name="holes.parquet")
+    with pytest.raises(ss.ConversionError, match=r"column 'ids' of .*holes\.parquet: null values inside lists; pass inner_nulls='mask'"):
+        list(ss.ParquetStream(holes, batch_size=None, rank=0, world_size=1))
+    masked = next(iter(ss.ParquetStream(holes, batch_size=None, inner_nulls="mask", rank=0, world_size=1)))
+    assert masked["ids_values_mask"].tolist() == [[True, False], [True, False]]
+    with pytest.raises(ValueError, match="inner_nulls"):
+        ss.ParquetStream(holes, inner_nulls="drop")
