@@ -21,14 +21,14 @@ from .batch_plan import Read, StreamSchedule
 from .canonical import CanonicalPlan
 from .catalog import Catalog
 from .delivery import DeliveryStats, deliver
-from .errors import ReadError
+from .errors import CatalogError, ReadError
 from .plan import EpochPlan, Layout, PlanConfig
 from .reader import RowGroupReader
 from .resume import Planner, Start
 from .schema import parse_cast, read_as
 from .stream_base import PlannedStream
 from .tensors import DECIMAL_FORMATS, INNER_NULLS, LIST_FORMATS, Batch, BatchConverter
-from .topology import Topology, distributed_rank_world, resolve_rank_world
+from .topology import Topology, current_worker, distributed_rank_world, resolve_rank_world
 from .validate import check_int
 
 log = logging.getLogger("streamshard")
@@ -161,8 +161,20 @@ class ParquetStream(PlannedStream):
 
     @property
     def catalog(self) -> Catalog:
-        """The files and row groups, read from the footers on first access (then kept)."""
+        """The files and row groups, read from the footers on first access (then kept).
+
+        One snapshot per dataset: DataLoader workers use the one their parent took. A worker never
+        lists the files on its own (two workers listing while a file lands would deliver rows twice
+        or never): iterated by workers before the parent read the catalog, it raises.
+        """
         if self._catalog is None:
+            worker_id, num_workers = current_worker()
+            if num_workers > 0:
+                raise CatalogError(
+                    f"ParquetStream({self.paths[0]!r}, ...) reached DataLoader worker {worker_id} before its catalog was "
+                    "read, so each worker would list the files on its own; call ds.set_epoch(epoch) (or read "
+                    "ds.catalog) before iterating, or iterate with ss.StreamLoader, which does it"
+                )
             catalog = Catalog.build(self.paths, self.columns, self.storage_options, cache_dir=self.catalog_cache,
                                     cast=self.cast)
             self._converter = self._make_converter(catalog)

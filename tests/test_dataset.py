@@ -104,8 +104,9 @@ def test_default_batches_are_uniform_and_pad_at_most_one_batch_per_worker(skewed
     """A huge file next to many tiny ones, 1-row row groups, empty files: every batch holds the same rows."""
     per_rank = []
     for rank in range(world):
-        per_rank.append(list(DataLoader(ss.ParquetStream(skewed_corpus, rank=rank, world_size=world),
-                                        batch_size=None, num_workers=workers)))
+        ds = ss.ParquetStream(skewed_corpus, rank=rank, world_size=world)
+        ds.set_epoch(0)
+        per_rank.append(list(DataLoader(ds, batch_size=None, num_workers=workers)))
     sizes = {len(b["sample_id"]) for batches in per_rank for b in batches}
     assert sizes == {256}, f"batch sizes {sizes}"
     padding = sum(int((b["sample_id"] < 0).sum()) for batches in per_rank for b in batches)
@@ -132,6 +133,7 @@ def test_shuffle_mixes_row_groups_by_default(tmp_path):
 
 def test_transform_runs_in_the_worker_on_every_batch(small_corpus):
     ds = ss.ParquetStream(small_corpus, batch_size=16, transform=lambda b: {**b, "double": b["id"] * 2}, rank=0, world_size=1)
+    ds.set_epoch(0)
     batches = list(DataLoader(ds, batch_size=None, num_workers=1))
     assert all(torch.equal(b["double"], b["id"] * 2) for b in batches)
 
@@ -166,6 +168,15 @@ def test_rank_and_world_size_default_to_the_environment(monkeypatch, small_corpu
 def test_steps_per_epoch_matches_what_the_loader_yields(skewed_corpus):
     ds = ss.ParquetStream(skewed_corpus, batch_size=40, rank=1, world_size=3)
     assert ds.steps_per_epoch(num_workers=2) == len(list(DataLoader(ds, batch_size=None, num_workers=2)))
+
+
+def test_workers_never_list_the_files_on_their_own(small_corpus):
+    """Without the parent's snapshot each worker would list the files itself: refused, with the fix named."""
+    ds = ss.ParquetStream(small_corpus, rank=0, world_size=1)
+    with pytest.raises(ss.CatalogError, match=r"before its catalog was read.*set_epoch.*StreamLoader"):
+        list(DataLoader(ds, batch_size=None, num_workers=2))
+    ds.set_epoch(0)  # the parent's snapshot: the workers inherit it
+    assert len(list(DataLoader(ds, batch_size=None, num_workers=2))) == ds.steps_per_epoch(num_workers=2)
 
 
 def test_spawned_workers_receive_a_working_copy(small_corpus):
@@ -230,6 +241,7 @@ def _free_port():
 
 def test_a_second_pass_over_a_shuffled_epoch_without_set_epoch_is_warned_about_once(small_corpus):
     ds = ss.ParquetStream(small_corpus, shuffle=True, rank=0, world_size=1)
+    ds.set_epoch(0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         first = ids_of(list(DataLoader(ds, batch_size=None, num_workers=2)))

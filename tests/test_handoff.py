@@ -21,7 +21,9 @@ def corpus(tmp_path):
 
 
 def stream(path):
-    return ss.ParquetStream(path, batch_size=32, shuffle=True, seed=1, rank=0, world_size=1)
+    ds = ss.ParquetStream(path, batch_size=32, shuffle=True, seed=1, rank=0, world_size=1)
+    ds.set_epoch(0)  # a plain DataLoader's workers need the parent's catalog
+    return ds
 
 
 def test_dropped_batches_recycle_their_slots_and_kept_ones_are_never_overwritten(tmp_path):

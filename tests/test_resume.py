@@ -154,6 +154,7 @@ def test_a_malformed_or_out_of_range_state_is_refused_at_once(skewed_corpus, tam
 
 def test_the_main_process_cannot_save_what_dataloader_workers_delivered(skewed_corpus):
     ds = make_stream(skewed_corpus)()
+    ds.set_epoch(0)
     iterator = iter(DataLoader(ds, batch_size=None, num_workers=2))
     [next(iterator) for _ in range(3)]
     with pytest.raises(ss.StateError, match="StreamLoader"):
@@ -175,6 +176,7 @@ def test_len_and_steps_per_epoch_say_what_is_delivered_after_resizing(skewed_cor
     plain = make_stream(skewed_corpus)()
     with pytest.raises(TypeError, match="num_workers"):
         len(plain)
+    plain.set_epoch(0)
     list(DataLoader(plain, batch_size=None, num_workers=2))
     assert len(plain) == plain.steps_per_epoch(num_workers=2)
 

@@ -40,6 +40,7 @@ def mixed_writers(tmp_path):
 
 def test_files_that_differ_only_physically_stream_together_with_one_dtype_per_column(mixed_writers):
     ds = ss.ParquetStream(mixed_writers, batch_size=4, rank=0, world_size=1)
+    ds.set_epoch(0)
     batches = list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2))
     assert {tuple(sorted(b)) for b in batches} == {tuple(sorted(batches[0]))}, "every batch has the same keys"
     assert {b["input_ids"].dtype for b in batches} == {torch.int32}
