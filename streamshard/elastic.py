@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import numpy as np
+
 from .plan import EpochPlan, Layout, PlanConfig, Pieces
 
 
@@ -68,8 +70,15 @@ def remaining_stream(plan: EpochPlan, segment: Segment) -> Pieces:
     rests = []
     for worker in range(plan.num_workers):
         done = worker_batches_delivered(segment.batches, segment.num_workers, worker % n)
-        pieces = plan.worker_plan(worker).pieces
-        rests.append(plan.split_delivered(pieces, rows_delivered(plan, worker, done))[1])
+        kept = plan.worker_plan(worker).pieces  # what this topology delivers ("drop" cuts the end off)
+        counts = plan.delivered_counts(kept, rows_delivered(plan, worker, done))
+        # The rest of the whole block: rows this topology would have dropped at its end are not
+        # lost in a resize; only the final topology's equal steps drop anything (and report it).
+        block = plan.pieces(worker)
+        taken = np.zeros(len(block), dtype=np.int64)
+        taken[: len(counts)] = counts
+        rest = Pieces(block.rg, block.lo + taken, block.hi)
+        rests.append(rest.take(rest.rows > 0))
     return Pieces.concat(rests)
 
 

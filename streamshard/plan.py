@@ -246,22 +246,26 @@ class EpochPlan:
 
     def split_delivered(self, pieces: Pieces, rows: int) -> tuple[Pieces, Pieces]:
         """``pieces`` split after the first ``rows`` delivered rows: (consumed, remaining), as segments."""
+        counts = self.delivered_counts(pieces, rows)
+        keep = lambda p: p.take(p.rows > 0)  # noqa: E731
+        return keep(Pieces(pieces.rg, pieces.lo, pieces.lo + counts)), keep(Pieces(pieces.rg, pieces.lo + counts, pieces.hi))
+
+    def delivered_counts(self, pieces: Pieces, rows: int) -> np.ndarray:
+        """How many rows of each piece the first ``rows`` delivered rows took (each a prefix of its piece)."""
         if self.config.shuffle_window == 1:
-            return keep_rows(pieces, rows), skip_rows(pieces, rows)
-        done, rest, start = [], [], 0
+            ends = np.cumsum(pieces.rows)
+            return np.clip(rows - (ends - pieces.rows), 0, pieces.rows).astype(np.int64)
+        counts, start = [], 0
         for window in self.windows(pieces):
             part = pieces.take(window)
             size = int(part.rows.sum())
-            taken = np.clip(rows - start, 0, size)
+            taken = int(np.clip(rows - start, 0, size))
             if 0 < taken < size:
-                counts = np.bincount(self.window_labels(part)[:taken], minlength=len(part))
-                done.append(Pieces(part.rg, part.lo, part.lo + counts))
-                rest.append(Pieces(part.rg, part.lo + counts, part.hi))
+                counts.append(np.bincount(self.window_labels(part)[:taken], minlength=len(part)))
             else:
-                (done if taken == size else rest).append(part)
+                counts.append(part.rows if taken == size else np.zeros(len(part), dtype=np.int64))
             start += size
-        keep = lambda p: p.take(p.rows > 0)  # noqa: E731
-        return keep(Pieces.concat(done)), keep(Pieces.concat(rest))
+        return np.concatenate(counts).astype(np.int64) if counts else np.zeros(0, dtype=np.int64)
 
     def row_positions(self, rg: int, lo: int, hi: int) -> np.ndarray:
         """Row indices (within row group ``rg``) of emitted positions ``[lo, hi)``."""
@@ -294,18 +298,6 @@ def keep_rows(pieces: Pieces, keep: int) -> Pieces:
     if count:
         hi[-1] -= ends[count - 1] - keep
     return Pieces(pieces.rg[:count], pieces.lo[:count], hi)
-
-
-def skip_rows(pieces: Pieces, skip: int) -> Pieces:
-    """``pieces`` without their first ``skip`` rows."""
-    if skip <= 0:
-        return pieces
-    ends = np.cumsum(pieces.rows)
-    first = int(np.searchsorted(ends, skip, side="right"))
-    lo = pieces.lo[first:].copy()
-    if first < len(pieces):
-        lo[0] = pieces.hi[first] - (ends[first] - skip)
-    return Pieces(pieces.rg[first:], lo, pieces.hi[first:])
 
 
 def initial_stream(layout: Layout, config: PlanConfig, epoch: int) -> Pieces:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 
@@ -216,5 +217,29 @@ def test_folding_any_resize_history_leaves_each_unconsumed_row_exactly_once(file
     spans = sorted((int(first[rg] + lo), int(first[rg] + hi)) for rg, lo, hi in pieces if hi > lo)
     for (a0, b0), (a1, _) in zip(spans, spans[1:]):
         assert b0 <= a1, "a row was delivered twice"
-    if config.uneven == "pad":
-        assert sum(b - a for a, b in spans) == int(layout.rg_rows.sum()), "a row was lost"
+    # With "drop" too: a resize loses nothing; only the final topology's own equal steps drop rows.
+    assert sum(b - a for a, b in spans) == int(layout.rg_rows.sum()), "a row was lost"
+
+
+def test_resizing_with_drop_loses_only_what_the_final_topology_drops(skewed_corpus):
+    def make(rank, world):
+        return make_stream(skewed_corpus, rank=rank, world=world, uneven="drop", batch_size=64)()
+
+    total = make(0, 1).catalog.num_rows
+    state, delivered = None, []
+    for world, workers, take in [(4, 2, 2), (3, 1, None)]:
+        for rank in range(world):
+            loader = ss.StreamLoader(make(rank, world), num_workers=workers)
+            if state is not None:
+                loader.load_state_dict(state)
+            if rank == 0 and take is None:
+                final = loader.dataset.planner.start(0, loader.dataset._active_position, 0, world, 0, workers)
+                dropped = final.schedule.plan.dropped_rows()
+            batches = list(itertools.islice(loader, take))
+            delivered.append(ids_of(batches))
+            saved = loader.state_dict()
+        state = saved
+    ids = np.concatenate(delivered)
+    real = ids[ids >= 0]
+    assert len(np.unique(real)) == len(real), "a row delivered twice"
+    assert len(real) == total - dropped, f"{total - dropped - len(real)} rows lost beyond what the final topology drops"
