@@ -8,17 +8,23 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: test demo bench clean
 
+# One line per step, so a first run is not a silent wait (torch alone is a large download); pip stays quiet.
 $(STAMP): pyproject.toml Makefile
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet $(TORCH)
-	$(BIN)/pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	@echo "==> creating the virtual environment in $(VENV)"
+	@$(PYTHON) -m venv $(VENV)
+	@echo "==> installing $(TORCH) first, pinned (a large download: a few minutes on a fresh machine)"
+	@$(BIN)/pip install --quiet $(TORCH)
+	@echo "==> installing streamshard and its dev extras (pip install -e '.[dev]')"
+	@$(BIN)/pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+	@echo "==> environment ready: $(VENV)"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 demo: $(STAMP)
-	$(BIN)/python examples/demo.py
+	@echo "==> running examples/demo.py"
+	@$(BIN)/python examples/demo.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py

@@ -329,6 +329,53 @@ def test_another_process_cannot_open_a_directory_in_use(tmp_path):
     assert child.stdout.split() == [rank0, "locked", rank1, "opened"], child.stderr  # per-rank dirs coexist
 
 
+class _TriesTheDirectory(torch.utils.data.Dataset):
+    """Map-style: item i is 1 if this (worker) process is refused the cache directory, 0 if it got it."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        try:
+            ActivationCache(self.directory, key="k").close()
+        except CacheLockedError:
+            return 1
+        return 0
+
+
+def persistent_workers(dataset: torch.utils.data.Dataset) -> torch.utils.data.DataLoader:
+    # fork explicitly: the workers inherit the parent's open fds, which is how a lock could leak
+    return torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2, persistent_workers=True,
+                                       multiprocessing_context="fork")
+
+
+def test_close_frees_the_directory_while_persistent_dataloader_workers_live(tmp_path):
+    cache = ActivationCache(tmp_path, key="k")
+    fill(cache, range(4))
+    loader = persistent_workers(list(range(4)))
+    assert sorted(int(x) for x in loader) == [0, 1, 2, 3]  # the workers are forked and stay alive
+    cache.close()
+    with ActivationCache(tmp_path, key="k") as again:  # no CacheLockedError although the workers live
+        assert assert_exact_or_miss(again, torch.arange(4)).all()
+        assert sorted(int(x) for x in loader) == [0, 1, 2, 3]  # the same workers serve another epoch
+    del loader
+
+
+def test_a_directory_stays_exclusive_while_forked_workers_live(tmp_path):
+    cache = ActivationCache(tmp_path, key="k")
+    loader = persistent_workers(_TriesTheDirectory(tmp_path))
+    assert [int(x) for x in loader] == [1, 1, 1, 1]  # each worker process is refused while the parent holds it
+    cache.close()
+    with ActivationCache(tmp_path, key="k"):  # reopened while the same workers live: still exclusive
+        with pytest.raises(CacheLockedError):
+            ActivationCache(tmp_path, key="k")  # a second object in this process
+        assert [int(x) for x in loader] == [1, 1, 1, 1]  # other processes
+    del loader
+
+
 def test_cache_refuses_to_be_copied_or_used_after_close(tmp_path):
     cache = ActivationCache(tmp_path, key="k")
     with pytest.raises(TypeError, match="one per process"):

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
+import pty
+import struct
 import subprocess
 import sys
+import termios
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -125,6 +130,30 @@ def test_inspect_reports_schema_drift_as_a_warning_and_plan_refuses_it(drifted):
     assert_one_line_error(err, "x.parquet", "y.parquet")
 
 
+def test_inspect_calls_a_column_nullable_only_if_some_file_may_hold_nulls_even_when_schemas_drift(tmp_path):
+    for directory in "ab":
+        (tmp_path / directory).mkdir()
+    pq.write_table(pa.table({"id": pa.array([1, 2], pa.int64()), "x": [0.5, 1.5], "score": [1.0, None]}),
+                   tmp_path / "a" / "part.parquet")  # pyarrow writes every column as optional
+    pq.write_table(pa.table({"id": pa.array([3], pa.int32()), "x": [2.5], "score": [3.0], "extra": [7]}),
+                   tmp_path / "b" / "part.parquet")  # int32 id and an extra column: drift
+    alone = {d: {c["name"]: c["nullable"] for c in run_json("inspect", str(tmp_path / d))["columns"]} for d in "ab"}
+    assert alone == {"a": {"id": False, "x": False, "score": True},
+                     "b": {"id": False, "x": False, "score": False, "extra": False}}
+    report = run_json("inspect", str(tmp_path / "a"), str(tmp_path / "b"))
+    assert [w["kind"] for w in report["warnings"]] == ["schema_drift"]
+    columns = {c["name"]: c for c in report["columns"]}
+    assert {name: c["nullable"] for name, c in columns.items()} == {
+        "id": False, "x": False, "score": True, "extra": False}  # score: a file's statistics say it may
+    assert {name: [t["key"] for t in c["tensors"]] for name, c in columns.items()} == {
+        "id": ["id"], "x": ["x"], "score": ["score", "score_mask"], "extra": ["extra"]}
+    assert (columns["id"]["types"], columns["extra"]["files"]) == (["int64", "int32"], 1)
+    _, text, _ = run("inspect", str(tmp_path / "a"), str(tmp_path / "b"))
+    assert [line for line in text.splitlines() if "(nullable)" in line] == [
+        line for line in text.splitlines() if line.startswith("  score:")]
+    assert "  extra: int64 (in 1 of 2 files)" in text and "(types differ: int64, int32)" in text
+
+
 def test_inspect_text_names_the_numbers(corpus):
     code, out, _ = run("inspect", corpus)
     assert code == 0
@@ -210,7 +239,7 @@ def test_bench_streams_every_row_once_and_times_each_worker(corpus):
     assert sum(w["batches"] for w in report["workers"]) == report["batches"]
     for w in report["workers"]:
         assert w["busy_s"] >= w["wait_s"] >= 0 and w["read_s"] > 0 and w["read_bytes"] > 0
-    assert report["rows_per_s"] > 0 and "\r" in err and "rows/s" in err
+    assert report["rows_per_s"] > 0 and err == ""  # stderr is no terminal here: no progress bar
 
 
 def test_bench_stops_after_max_batches(corpus):
@@ -218,6 +247,53 @@ def test_bench_stops_after_max_batches(corpus):
     report = json.loads(out)
     assert code == 0 and err == ""
     assert report["batches"] == 3 and report["stopped_early"]
+
+
+def run_subprocess(*argv: str, stderr_on: str) -> tuple[int, str, str]:
+    """``python -m streamshard argv`` with stdout to a pipe and stderr to a ``"pipe"`` or a ``"terminal"``
+    (a pseudo-terminal of 24 x 100 characters); returns (exit code, stdout, stderr)."""
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    env = {k: v for k, v in env.items() if not k.startswith("TQDM_")}  # no user overrides of the bar
+    command = [sys.executable, "-m", "streamshard", *argv]
+    if stderr_on == "pipe":
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+        return done.returncode, done.stdout, done.stderr
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    chunks: list[bytes] = []
+
+    def drain() -> None:  # read while the child writes, so a full terminal buffer never blocks it
+        while True:
+            try:
+                data = os.read(master, 1 << 16)
+            except OSError:  # EIO: every writer of the terminal has closed it
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    try:
+        done = subprocess.run(command, stdout=subprocess.PIPE, stderr=slave, text=True, env=env, timeout=120)
+    finally:
+        os.close(slave)
+        reader.join(timeout=60)
+        os.close(master)
+    return done.returncode, done.stdout, b"".join(chunks).decode()
+
+
+@pytest.mark.parametrize("command, unit", [("bench", "rows/s"), ("inspect", "files")])
+def test_progress_is_a_bar_on_a_terminal_and_nothing_in_a_pipe_or_with_quiet(corpus, command, unit):
+    code, out, err = run_subprocess(command, corpus, "--json", stderr_on="terminal")
+    assert code == 0 and "100%|" in err and unit in err  # the bar, drawn to its end
+    assert json.loads(out)["rows"] == sum(map(sum, LAYOUT))  # --json on stdout stays clean
+    code, out, err = run_subprocess(command, corpus, "--json", stderr_on="pipe")
+    assert code == 0 and err == ""  # a log file gets no carriage returns (and no progress)
+    assert json.loads(out)["rows"] == sum(map(sum, LAYOUT))
+    code, out, err = run_subprocess(command, corpus, "--json", "--quiet", stderr_on="terminal")
+    assert code == 0 and err == ""
+    assert json.loads(out)["rows"] == sum(map(sum, LAYOUT))
 
 
 # -- errors and storage -----------------------------------------------------------------------

@@ -20,8 +20,9 @@ Tiers
 
 Identity: ``key`` (a caller fingerprint, e.g. :func:`module_fingerprint` of the frozen prefix) is
 hashed into ``meta.json`` and every record's checksum. Opening a directory written under another key
-discards its entries. A directory belongs to one process at a time (an ``flock``); ranks sharing a
-node use one subdirectory each, e.g. ``f"{root}/rank{rank}"``.
+discards its entries. A directory belongs to one process at a time (an ``flock`` that forked children,
+such as DataLoader workers, do not keep: ``close()`` frees it); ranks sharing a node use one
+subdirectory each, e.g. ``f"{root}/rank{rank}"``.
 
 Padding rows (``sample_id == -1``, any negative id) are never stored or looked up: always misses.
 
@@ -47,7 +48,7 @@ import numpy as np
 import torch
 
 from ..validate import check_int
-from .directory import CacheFiles, RecordSpec, key_digest, lock_directory, open_disk, read_meta, wipe_files
+from .directory import CacheFiles, DirectoryLock, RecordSpec, key_digest, open_disk, read_meta, wipe_files
 from .disk import DiskTier
 from .errors import CacheError, CacheLockedError, CacheWarning, RecordSpecError
 from .host import HostTier
@@ -149,7 +150,7 @@ class ActivationCache:
         self.reset_stats()
         if self._dir is not None:
             self._dir.mkdir(parents=True, exist_ok=True)
-            self._files.lock_fd = lock_directory(self._dir)
+            self._files.lock = DirectoryLock(self._dir)
             spec = read_meta(self._dir, self._key_digest, self._warn)
             if spec is not None:
                 self._attach(spec)

@@ -2,7 +2,8 @@
 
 ``meta.json`` records the format, a digest of the caller's key and the record spec; a directory
 written under another key or format is wiped on open rather than trusted. A directory belongs to one
-process at a time through an ``flock`` on ``.lock``.
+process at a time through an ``flock`` on ``.lock`` (:class:`DirectoryLock`), which forked children
+never keep.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 import numpy as np
 import torch
@@ -21,7 +22,7 @@ import torch
 from .disk import DiskTier
 from .errors import CacheLockedError
 
-__all__ = ["CacheFiles", "RecordSpec", "key_digest", "lock_directory", "open_disk", "read_meta", "wipe_files"]
+__all__ = ["CacheFiles", "DirectoryLock", "RecordSpec", "key_digest", "open_disk", "read_meta", "wipe_files"]
 
 _FORMAT = "streamshard.activation_cache/1"
 
@@ -53,7 +54,7 @@ class CacheFiles:
 
     def __init__(self) -> None:
         self.disk: DiskTier | None = None
-        self.lock_fd: int | None = None
+        self.lock: DirectoryLock | None = None
         self.pid = os.getpid()
 
     def close(self) -> None:
@@ -62,29 +63,65 @@ class CacheFiles:
         if self.disk is not None:
             self.disk.close()
             self.disk = None
-        if self.lock_fd is not None:
-            os.close(self.lock_fd)  # releases the flock
-            self.lock_fd = None
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+
+class DirectoryLock:
+    """An exclusive ``flock`` on ``directory/.lock`` that belongs to the process that took it.
+
+    An flock belongs to the open file description, and a forked child shares it: a DataLoader worker
+    forked while a cache is open (say, ``persistent_workers=True``) would keep the directory locked
+    after the parent's ``close()``. So every forked child closes its copy of the fd right after the
+    fork (``os.register_at_fork``), and the fd is close-on-exec, so programs started later never get it.
+    Raises :class:`CacheLockedError` if another process or another open file (a second cache object
+    in this process) holds the lock.
+    """
+
+    _held: ClassVar[set["DirectoryLock"]] = set()  # the locks this process took and has not released
+
+    def __init__(self, directory: Path) -> None:
+        fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise CacheLockedError(
+                f"cache directory {directory} is already open in another process or cache object; "
+                "give each rank its own subdirectory, e.g. f'{root}/rank{rank}'"
+            ) from None
+        self.fd: int | None = fd
+        self.pid = os.getpid()
+        DirectoryLock._held.add(self)
+
+    def release(self) -> None:
+        """Unlock the directory. Idempotent; does nothing in a process other than the one that locked."""
+        if self.fd is None or os.getpid() != self.pid:
+            return
+        DirectoryLock._held.discard(self)
+        fd, self.fd = self.fd, None
+        os.close(fd)  # the last fd on the open file description: the flock goes with it
+
+    @classmethod
+    def _drop_inherited(cls) -> None:
+        """In a freshly forked child: close the fds of the parent's locks (the parent keeps its lock)."""
+        for lock in cls._held:
+            fd, lock.fd = lock.fd, None
+            try:
+                os.close(fd)
+            except OSError:  # already closed by whatever forked us (e.g. a close-all-fds daemoniser)
+                pass
+        cls._held.clear()
+
+
+os.register_at_fork(after_in_child=DirectoryLock._drop_inherited)
 
 
 def key_digest(key: str | bytes | None) -> str:
     """Hex SHA-256 of the format and the caller's key: what ``meta.json`` and every checksum carry."""
     raw_key = key.encode() if isinstance(key, str) else (key or b"")
     return hashlib.sha256(_FORMAT.encode() + b"\0" + raw_key).hexdigest()
-
-
-def lock_directory(directory: Path) -> int:
-    """An fd holding an exclusive ``flock`` on ``directory/.lock``; :class:`CacheLockedError` if taken."""
-    fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise CacheLockedError(
-            f"cache directory {directory} is already open in another process or cache object; "
-            "give each rank its own subdirectory, e.g. f'{root}/rank{rank}'"
-        ) from None
-    return fd
 
 
 def read_meta(directory: Path, digest: str, warn: Callable[[str], None]) -> RecordSpec | None:

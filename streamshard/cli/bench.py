@@ -17,6 +17,7 @@ from ..dataset import ParquetStream
 from ..delivery import DeliveryStats
 from ..loader import StreamLoader
 from ..topology import current_worker
+from .progress import progress_bar
 
 
 def run_bench(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
@@ -34,22 +35,24 @@ def run_bench(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
     ds.stats_hook = _WorkerTimes(stats)
     ds.set_epoch(0)  # reads the footers once here, so the workers inherit the catalog
     loader = StreamLoader(ds, num_workers=args.num_workers)
-    progress = _Progress(err, enabled=not args.quiet)
     rows = batches = nbytes = 0
     stopped_early = False
     start = time.perf_counter()
-    for batch in loader:
-        ids = batch["sample_id"]
-        rows += int((ids >= 0).sum())
-        nbytes += sum(v.numel() * v.element_size() for v in batch.values() if isinstance(v, torch.Tensor))
-        batches += 1
-        progress.update(rows, nbytes, time.perf_counter() - start)
-        if args.max_batches is not None and batches >= args.max_batches:
-            stopped_early = True
-            break
+    batches_in = iter(loader)  # forks the workers before tqdm starts its monitor thread
+    with progress_bar(err, total=ds.catalog.num_rows, unit="rows", desc="bench", quiet=args.quiet) as bar:
+        for batch in batches_in:
+            ids = batch["sample_id"]
+            real = int((ids >= 0).sum())
+            rows += real
+            nbytes += sum(v.numel() * v.element_size() for v in batch.values() if isinstance(v, torch.Tensor))
+            batches += 1
+            bar.set_postfix_str(f"{nbytes / 1e6 / max(time.perf_counter() - start, 1e-9):.1f} MB/s", refresh=False)
+            bar.update(real)
+            if args.max_batches is not None and batches >= args.max_batches:
+                stopped_early = True
+                break
     seconds = time.perf_counter() - start
-    del loader  # stop the workers before reading what they wrote
-    progress.finish(rows, nbytes, seconds)
+    del batches_in, loader  # stop the workers before reading what they wrote
     workers = [_WorkerTimes.as_dict(i, row) for i, row in enumerate(stats.tolist())]
     storage_bytes = sum(w["read_bytes"] for w in workers)
     return {
@@ -129,25 +132,3 @@ class _WorkerTimes:
             d[key] = int(d[key])
         d["decode_s"] = max(d["read_s"] - d["io_s"], 0.0)
         return {"worker": worker, **d}
-
-
-class _Progress:
-    """One status line on stderr, redrawn with a carriage return at most 4 times a second."""
-
-    def __init__(self, err: TextIO, enabled: bool = True) -> None:
-        self.err, self.enabled, self.last = err, enabled, -1.0
-
-    def update(self, rows: int, nbytes: int, seconds: float) -> None:
-        if self.enabled and seconds - self.last >= 0.25:
-            self.last = seconds
-            self._write(rows, nbytes, seconds, end="")
-
-    def finish(self, rows: int, nbytes: int, seconds: float) -> None:
-        if self.enabled:
-            self._write(rows, nbytes, seconds, end="\n")
-
-    def _write(self, rows: int, nbytes: int, seconds: float, end: str) -> None:
-        rate = rows / seconds if seconds else 0.0
-        mbs = nbytes / 1e6 / seconds if seconds else 0.0
-        self.err.write(f"\r{rows:>12,} rows  {rate:>10,.0f} rows/s  {mbs:>8.1f} MB/s  {seconds:>6.1f} s{end}")
-        self.err.flush()

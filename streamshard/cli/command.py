@@ -100,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--world-size", type=_positive, default=None, help="ranks you plan to train with")
     inspect.add_argument("--num-workers", type=_non_negative, default=None, help="DataLoader workers per rank")
     inspect.add_argument("--unit", choices=UNITS, default="row_group", help="sharding unit to check against workers")
+    _quiet(inspect)
     inspect.set_defaults(run=run_inspect, render=render_inspect)
 
     plan = sub.add_parser("plan", help="rows, batches and padding per global worker")
@@ -121,9 +122,14 @@ def build_parser() -> argparse.ArgumentParser:
     _batch_size(bench)
     bench.add_argument("--max-batches", type=_positive, default=None, help="stop after this many batches")
     bench.add_argument("--read-ahead", type=_non_negative, default=2, help="row-group slices read ahead per worker")
-    bench.add_argument("--quiet", action="store_true", help="no progress line on stderr")
+    _quiet(bench)
     bench.set_defaults(run=run_bench, render=render_bench)
     return parser
+
+
+def _quiet(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--quiet", action="store_true",
+                         help="no progress bar on stderr (there is none unless stderr is a terminal)")
 
 
 def _batch_size(command: argparse.ArgumentParser) -> None:

@@ -18,8 +18,10 @@ import torch
 
 from ..catalog import Catalog, list_files, read_footer
 from ..errors import CatalogError, ConversionError
+from ..schema import canonical_type, unify
 from ..storage import FileSystems
 from ..tensors import BatchConverter
+from .progress import progress_bar
 
 MIB = 1024 * 1024
 
@@ -43,15 +45,19 @@ def run_inspect(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
         footer = read_footer(url, size, args.columns, filesystems)
         return footer, _file_bytes(footer, filesystems, args.columns)
 
-    with ThreadPoolExecutor(max_workers=min(32, len(files))) as pool:
-        read = list(pool.map(one, files))
+    read: list[tuple[Any, _FileBytes]] = []
+    with ThreadPoolExecutor(max_workers=min(32, len(files))) as pool, progress_bar(
+        err, total=len(files), unit="files", desc="footers", quiet=args.quiet
+    ) as bar:
+        for result in pool.map(one, files):  # in URL order, as the catalog needs them
+            read.append(result)
+            bar.update(1)
     footers = [footer for footer, _ in read]
     warnings: list[dict[str, str]] = []
     try:
-        schema = Catalog.from_footers(footers).schema
+        Catalog.from_footers(footers)  # only to learn whether the schemas agree; columns are described below
     except CatalogError as exc:  # schema drift: inspect reports it, every other command refuses
         warnings.append({"kind": "schema_drift", "message": str(exc)})
-        schema = footers[0].schema
     rg_rows = np.concatenate([f.row_group_rows for f in footers]).astype(np.int64)
     comp = np.concatenate([b.compressed for _, b in read]).astype(np.int64)
     uncomp = np.concatenate([b.uncompressed for _, b in read]).astype(np.int64)
@@ -70,7 +76,7 @@ def run_inspect(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
              "compressed_bytes": int(b.compressed.sum())}
             for f, b in read
         ],
-        "columns": _describe_columns(schema, footers[0].url, read),
+        "columns": _describe_columns(_column_fields(footers), footers[0].url, read),
         "warnings": warnings,
     }
     warnings.extend(_inspect_warnings(args, report, rg_rows, uncomp, [len(f.row_group_rows) for f in footers], footers))
@@ -110,14 +116,50 @@ def spread(values: np.ndarray) -> dict[str, float]:
     return {"min": int(values.min()), "median": float(np.median(values)), "max": int(values.max())}
 
 
-def _describe_columns(schema: pa.Schema, source: str, read: list[tuple[Any, _FileBytes]]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class _Column:
+    """One column of the corpus: its field as the catalog types it, how many files hold it, the types seen."""
+
+    field: pa.Field
+    files: int
+    types: list[str]
+
+
+def _column_fields(footers: list[Any]) -> list[_Column]:
+    """Every column any file has, in first-seen order, typed as the catalog would type it.
+
+    Each column is unified on its own (:func:`unify`), so drift elsewhere does not hide what is true of
+    it: it is nullable only if some file's statistics say it may hold nulls (a writer's ``optional``
+    alone is not enough), and its nested nullability is merged over the files that hold it. A column
+    whose types disagree is shown as its first file has it, with the other types listed.
+    """
+    nullable = set().union(*(f.maybe_null for f in footers))
+    holders: dict[str, list[tuple[str, pa.Field]]] = {}
+    for footer in footers:
+        for field in footer.schema:
+            holders.setdefault(field.name, []).append((footer.url, field))
+    columns = []
+    for name, held in holders.items():
+        try:
+            field = unify([(url, pa.schema([f])) for url, f in held], nullable, {}).field(0)
+        except CatalogError:  # the types disagree; the drift warning names the files
+            field = pa.field(name, canonical_type(held[0][1].type), nullable=name in nullable)
+        types = list(dict.fromkeys(str(canonical_type(f.type)) for _, f in held))
+        columns.append(_Column(field, len(held), types))
+    return columns
+
+
+def _describe_columns(columns: list[_Column], source: str, read: list[tuple[Any, _FileBytes]]) -> list[dict[str, Any]]:
     """What each column becomes in a batch (keys, dtypes, shapes), or why it cannot."""
     out = []
-    for field in schema:
+    for column in columns:
+        field = column.field
         entry: dict[str, Any] = {
             "name": field.name,
             "type": str(field.type),
             "nullable": field.nullable,
+            "files": column.files,
+            "types": column.types,
             "compressed_bytes": int(sum(b.column_compressed.get(field.name, 0) for _, b in read)),
         }
         try:
@@ -192,7 +234,8 @@ def render_inspect(r: dict[str, Any], args: argparse.Namespace) -> str:
         "columns -> batch entries",
     ]
     for c in r["columns"]:
-        head = f"  {c['name']}: {c['type']}{' (nullable)' if c['nullable'] else ''}, {_human(c['compressed_bytes'])}"
+        nullable = " (nullable)" if c["nullable"] else ""
+        head = f"  {c['name']}: {c['type']}{nullable}{_drift_note(c, r['files'])}, {_human(c['compressed_bytes'])}"
         if c["supported"]:
             parts = [f"{t['key']} {t['dtype']}[{', '.join(map(str, t['shape']))}]" if t["kind"] == "tensor"
                      else f"{t['key']} list[python]" for t in c["tensors"]]
@@ -205,6 +248,14 @@ def render_inspect(r: dict[str, Any], args: argparse.Namespace) -> str:
     if not r["warnings"]:
         lines.append("no warnings")
     return "\n".join(lines) + "\n"
+
+
+def _drift_note(column: dict[str, Any], files: int) -> str:
+    """`` (in 3 of 8 files)``, `` (types differ: int32, int64)``: how a column drifts, or ''."""
+    note = f" (in {column['files']} of {files} files)" if column["files"] < files else ""
+    if len(column["types"]) > 1:
+        note += f" (types differ: {', '.join(column['types'])})"
+    return note
 
 
 def _spread_line(label: str, summary: dict[str, float], fmt: Any) -> str:
