@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import errno
+import logging
 import os
 import subprocess
 import sys
@@ -489,3 +490,13 @@ def test_a_dropped_cache_with_a_directory_is_collected_and_releases_its_lock(tmp
     gc.collect()
     assert ref() is None
     ActivationCache(tmp_path / "c", host_bytes=1 << 20, disk_bytes=1 << 20, key="k").close()  # lock released
+
+
+def test_a_cache_event_is_one_warning_not_a_warning_and_a_log_line(tmp_path, caplog):
+    first = ActivationCache(str(tmp_path / "c"), host_bytes=0, disk_bytes=1 << 20, key="a")
+    first.put(torch.tensor([1]), torch.ones(1, 4))
+    first.close()
+    with pytest.warns(CacheWarning) as caught:
+        ActivationCache(str(tmp_path / "c"), host_bytes=0, disk_bytes=1 << 20, key="b").close()
+    assert len(caught) == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

@@ -352,13 +352,15 @@ class ActivationCache:
 
 
 class _WarnOnce:
-    """Warn once per distinct message (and always log); holds no reference to any cache."""
+    """One event, one message: a ``CacheWarning`` once per distinct message (repeats go to the
+    debug log only); holds no reference to any cache."""
 
     def __init__(self) -> None:
         self._seen: set[str] = set()
 
     def __call__(self, message: str) -> None:
-        logger.warning(message)
-        if message not in self._seen:
+        if message in self._seen:
+            logger.debug(message)
+        else:
             self._seen.add(message)
             warnings.warn(message, CacheWarning, stacklevel=3)
