@@ -4,6 +4,10 @@ Retries happen per request (one ranged GET, one footer, one listing), below the 
 so a retry can neither repeat nor skip a batch. Only transient faults are retried (HTTP 5xx,
 SlowDown/throttling, connection resets, timeouts, truncated bodies); permanent ones (403, 404,
 a corrupt or changed file) surface at once, so a bad path fails fast.
+
+The deadline bounds the whole call, waits and attempts in flight included: ``call_within`` tells
+each attempt the seconds left, which the storage code passes on as the request's timeout (a hung
+endpoint then fails at the deadline, not after the backend's own connect/read timeouts per attempt).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ log = logging.getLogger("streamshard")
 
 T = TypeVar("T")
 
+MIN_ATTEMPT_SECONDS = 0.05  # an attempt is never given less than this (a zero timeout would mean none)
 _TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 _TRANSIENT_CODES = {
     "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed",
@@ -47,7 +52,8 @@ class RetryPolicy:
 
     Attempt ``k`` (from 1) that fails transiently waits ``uniform(0.5, 1) * min(max_delay,
     base_delay * 2**(k-1))`` before the next, until ``max_attempts`` attempts or ``deadline``
-    seconds (from the first attempt) would be exceeded; then the last error is raised.
+    seconds (from the first attempt) would be exceeded; then the last error is raised. Under
+    ``call_within`` an attempt still running at the deadline is cut off there.
     """
 
     max_attempts: int = 6
@@ -87,6 +93,21 @@ def call_with_retry(
     Permanent errors propagate unchanged on the first attempt; running out of attempts or time
     raises ``RetriesExhausted`` (from the last error). Every retry is logged at WARNING on the
     ``streamshard`` logger with ``what`` (say, the URL and range) passed through ``redact``.
+    ``fn`` itself is not interrupted: use ``call_within`` when an attempt can hang.
+    """
+    return call_within(lambda _left: fn(), policy, what, redact)
+
+
+def call_within(
+    fn: Callable[[float], T],
+    policy: RetryPolicy,
+    what: str,
+    redact: Callable[[str], str] = lambda text: text,
+) -> T:
+    """Like ``call_with_retry``, but each attempt is ``fn(seconds_left)``: the time until the deadline.
+
+    An attempt that honours ``seconds_left`` (``storage.timeout_kw``) keeps the whole call, all
+    attempts and waits included, within ``policy.deadline``.
     """
     start = time.monotonic()
     delays = policy.delays()
@@ -94,13 +115,13 @@ def call_with_retry(
     while True:
         attempt += 1
         try:
-            return fn()
+            return fn(max(policy.deadline - (time.monotonic() - start), MIN_ATTEMPT_SECONDS))
         except Exception as exc:  # noqa: BLE001 - classified below; permanent ones re-raised
             if not is_transient(exc):
                 raise
             delay = next(delays, None)
             elapsed = time.monotonic() - start
-            if delay is None or elapsed + delay > policy.deadline:
+            if delay is None or elapsed + delay + MIN_ATTEMPT_SECONDS > policy.deadline:
                 raise RetriesExhausted(attempt, elapsed, exc) from exc
             log.warning(
                 "%s: transient %s (attempt %d of %d); retrying in %.2f s",

@@ -5,13 +5,20 @@ catalog nor a reader should do it per file, whatever fsspec's own instance cache
 
 Retries are ours (``streamshard.retry``): where a backend has its own retry layer and lets us
 configure it, we turn it down to one attempt (unless the caller set it), so the bounds on
-attempts and time that the caller chose are the bounds that hold.
+attempts and time that the caller chose are the bounds that hold. On async backends every call
+also carries the time left until the retry deadline as its timeout (``timeout_kw``).
+
+Secrets: the values of secret-looking storage options are replaced by ``***`` in our messages
+(``FileSystems.redact``) and, from the moment a filesystem (client) is created with them, in every
+log record of the storage libraries' loggers (``LogRedaction``), whatever level their owner enables:
+the client holding them lives as long as the process (it is shared), and so does the redaction.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import threading
 from typing import Any, Iterable
@@ -76,6 +83,8 @@ def _shared_filesystem(protocol: str, url: str, storage_options: dict[str, Any])
     with _SHARED_LOCK:
         fs = _SHARED.get(key)
         if fs is None:
+            # Before the client exists: its first requests (and their DEBUG log lines) carry the secrets.
+            REDACTION.add(set(_secret_values(storage_options)))
             fs = _SHARED[key] = _new_filesystem(protocol, url, storage_options)[0]
         return fs
 
@@ -110,6 +119,45 @@ def is_async(fs: fsspec.AbstractFileSystem) -> bool:
     return bool(getattr(fs, "async_impl", False))
 
 
+def timeout_kw(fs: fsspec.AbstractFileSystem, seconds: float) -> dict[str, float]:
+    """Keyword arguments that cut a call of ``fs`` off after ``seconds`` (``FSTimeoutError``).
+
+    fsspec's blocking wrappers of async filesystems (s3fs, gcsfs, http) take ``timeout=`` and
+    cancel the request when it passes; synchronous ones (local disk) have no such hook.
+    """
+    return {"timeout": max(float(seconds), 0.001)} if is_async(fs) else {}
+
+
+# What changes when a file is rewritten, in the order preferred: ETag/generation on object
+# stores, else the modification time.
+_VERSION_KEYS = ("ETag", "etag", "generation", "md5Hash", "mtime", "LastModified", "last_modified", "updated")
+
+
+def file_version(info: dict[str, Any]) -> str:
+    """A file's version token from its fsspec ``info``/listing entry: ``"ETag=..."``, ``"mtime=..."``, or ''."""
+    for key in _VERSION_KEYS:
+        value = info.get(key)
+        if value not in (None, ""):
+            return f"{key}={value}"
+    return ""
+
+
+def file_change(info: dict[str, Any], size: int, version: str) -> str | None:
+    """How a file's current ``info`` differs from the ``size`` and ``version`` cataloged; None if it does not.
+
+    The version is compared under the key it was recorded with (an ``info`` without that key can
+    only be compared by size).
+    """
+    now_size = int(info.get("size", -1))
+    key = version.split("=", 1)[0] if version else ""
+    now_version = f"{key}={info[key]}" if key and info.get(key) not in (None, "") else ""
+    if now_size == size and (not now_version or now_version == version):
+        return None
+    was = f"{size} bytes" + (f", {version}" if version else "")
+    now = f"{now_size} bytes" + (f", {now_version}" if now_version else "")
+    return f"the file changed since it was cataloged (cataloged: {was}; now: {now})"
+
+
 def _secret_values(options: Any, secret_key: bool = False) -> Iterable[str]:
     """String values stored under secret-looking keys, however deeply nested."""
     if isinstance(options, dict):
@@ -124,7 +172,8 @@ def _secret_values(options: Any, secret_key: bool = False) -> Iterable[str]:
 
 
 def check_short_read(
-    fs: fsspec.AbstractFileSystem, path: str, url: str, size: int, got: int, want: int, error: type[Exception]
+    fs: fsspec.AbstractFileSystem, path: str, url: str, size: int, got: int, want: int, error: type[Exception],
+    timeout: float = 10.0,
 ) -> None:
     """Called when a ranged read returned ``got`` of ``want`` bytes; always raises.
 
@@ -135,7 +184,7 @@ def check_short_read(
 
     try:
         fs.invalidate_cache(path)  # a listing cache would otherwise answer with the old size
-        now = int(fs.info(path)["size"])
+        now = int(fs.info(path, **timeout_kw(fs, timeout))["size"])
     except FileNotFoundError:
         raise error(f"{url}: file no longer exists (it was cataloged with {size} bytes)") from None
     except Exception:  # noqa: BLE001 - cannot tell whether it changed; let the retry policy decide
@@ -143,3 +192,95 @@ def check_short_read(
     if now != size:
         raise error(f"{url}: file is {now} bytes now but was cataloged with {size}; did it change?")
     raise TransientError(f"{url}: got {got} of {want} bytes (truncated response)")
+
+
+# -- secrets in third-party log records -----------------------------------------------------------
+
+# Loggers whose records may carry request headers or credentials (botocore logs the session token
+# header at DEBUG). Child loggers ("botocore.endpoint") included: names are matched by prefix.
+REDACTED_LOGGERS = ("botocore", "aiobotocore", "boto3", "s3transfer", "s3fs", "fsspec", "urllib3", "aiohttp",
+                    "gcsfs", "google", "adlfs", "azure", "streamshard")
+
+
+class LogRedaction:
+    """Replaces registered secret values by ``***`` in the log records of ``REDACTED_LOGGERS``.
+
+    A filter on the ``botocore`` logger would miss the records of its children (``botocore.endpoint``
+    logs the request headers; filters of a parent are not consulted for propagated records), so this
+    wraps the log record factory instead: every record of those loggers, whichever handler gets it.
+    A record is rewritten only when it holds a secret. Secrets are reference-counted (``add`` and
+    ``discard`` in pairs; adding a secret twice installs nothing twice); with none left, or after
+    ``clear()``, the previous factory is put back (or, when another library wrapped ours since, ours
+    stays in its chain as a pass-through).
+    """
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+        self._secrets: tuple[str, ...] = ()
+        self._previous: Any = None
+        self._lock = threading.Lock()
+        self._installed = self._factory  # one bound method, so ``is`` can recognise it later
+
+    @property
+    def installed(self) -> bool:
+        return logging.getLogRecordFactory() is self._installed
+
+    def add(self, secrets: Iterable[str]) -> None:
+        with self._lock:
+            for secret in secrets:
+                self._counts[secret] = self._counts.get(secret, 0) + 1
+            self._update()
+
+    def discard(self, secrets: Iterable[str]) -> None:
+        with self._lock:
+            for secret in secrets:
+                left = self._counts.get(secret, 0) - 1
+                if left > 0:
+                    self._counts[secret] = left
+                else:
+                    self._counts.pop(secret, None)
+            self._update()
+
+    def clear(self) -> None:
+        """Forget every secret and put the previous record factory back (when still possible)."""
+        with self._lock:
+            self._counts.clear()
+            self._update()
+
+    def redact(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def _update(self) -> None:
+        self._secrets = tuple(sorted(self._counts, key=len, reverse=True))
+        if self._secrets and self._previous is None:
+            self._previous = logging.getLogRecordFactory()
+            logging.setLogRecordFactory(self._installed)
+        elif not self._secrets and self._previous is not None and self.installed:
+            logging.setLogRecordFactory(self._previous)
+            self._previous = None
+
+    def _factory(self, *args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = (self._previous or logging.LogRecord)(*args, **kwargs)
+        secrets = self._secrets
+        if secrets and record.name.startswith(REDACTED_LOGGERS):
+            self._scrub(record, secrets)
+        return record
+
+    def _scrub(self, record: logging.LogRecord, secrets: tuple[str, ...]) -> None:
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a broken format string: the handler will report it, unredacted args aside
+            message = f"{record.msg!r} % {record.args!r}"
+        if any(secret in message for secret in secrets):
+            record.msg, record.args = self.redact(message), ()
+        if record.exc_info and record.exc_info[0] is not None:
+            text = logging.Formatter().formatException(record.exc_info)
+            if any(secret in text for secret in secrets):
+                record.exc_info, record.exc_text = None, self.redact(text)  # the exception object holds it too
+        if record.stack_info and any(secret in record.stack_info for secret in secrets):
+            record.stack_info = self.redact(record.stack_info)
+
+
+REDACTION = LogRedaction()
