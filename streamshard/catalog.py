@@ -5,14 +5,18 @@ every footer is read before iteration, concurrently, with one ranged request per
 tail. The result is a compact table of row groups (numpy arrays), which is all planning needs,
 plus the byte range of every projected column chunk, so a worker fetches exactly those bytes.
 
-Footer summaries can be cached on disk (``cache_dir``, opt-in), keyed by each file's size and
-version. When torch.distributed is initialised, rank 0 lists, the ranks split the footer reads
-and all-gather the summaries, so every rank gets the same catalog for 1/world of the requests.
+Each file's version (ETag on object stores, mtime on disk, as the listing reports it) is kept in
+the catalog: readers refuse a file whose version changed since, and the catalog's digest (which
+checkpoints carry) covers it. Footer summaries can be cached on disk (``cache_dir``, opt-in),
+keyed by each file's size and version. When torch.distributed is initialised, rank 0 lists, the
+ranks split the footer reads and all-gather the summaries, so every rank gets the same catalog
+(versions included) for 1/world of the requests.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from dataclasses import dataclass, field
@@ -30,13 +34,12 @@ from .plan import Layout
 from .schema import parse_cast, unify
 from .state import catalog_digest
 from .footer import FooterError, chunk_ranges, parse_footer, tail_range
-from .retry import RetriesExhausted, RetryPolicy, call_with_retry, describe
-from .storage import FileSystems, check_short_read
+from .retry import RetriesExhausted, RetryPolicy, call_within, describe
+from .storage import FileSystems, check_short_read, file_version, timeout_kw
 
 log = logging.getLogger("streamshard")
 
 _GLOB_CHARS = ("*", "?", "[")
-_VERSION_KEYS = ("ETag", "etag", "generation", "md5Hash", "mtime", "LastModified", "last_modified", "updated")
 
 
 @dataclass(frozen=True, eq=False)
@@ -48,6 +51,8 @@ class Catalog:
     do not rule out nulls in it (so tensors get a validity mask for exactly those columns).
     ``rg_ranges[g, c]`` is the ``[start, end)`` byte range of projected column ``c`` in row
     group ``g``; ``footer_lengths`` lets a reader fetch a footer with one exact request.
+    ``versions[f]`` is file ``f``'s version token as listed (``"ETag=..."``, ``"mtime=..."``, '' if
+    the store has none; empty tuple: unknown); readers refuse a file whose version changed.
     """
 
     urls: tuple[str, ...]
@@ -58,9 +63,12 @@ class Catalog:
     schema: pa.Schema
     footer_lengths: np.ndarray | None = None  # int64 per file
     rg_ranges: np.ndarray | None = None  # int64 (row groups, columns, 2)
+    versions: tuple[str, ...] = ()  # per file, as listed
     file_first_rg: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.versions and len(self.versions) != len(self.urls):
+            raise ValueError(f"versions has {len(self.versions)} entries for {len(self.urls)} files")
         starts = np.searchsorted(self.rg_file, np.arange(len(self.urls)), side="left").astype(np.int64)
         object.__setattr__(self, "file_first_rg", starts)
 
@@ -101,8 +109,12 @@ class Catalog:
 
     @cached_property
     def digest(self) -> str:
-        """A short hash of the files, their sizes and row-group layout: what sample ids depend on."""
-        return catalog_digest(self.urls, self.file_sizes, self.rg_file, self.rg_rows)
+        """A short hash of the files, their sizes, versions and row-group layout: what sample ids depend on."""
+        return catalog_digest(self.urls, self.file_sizes, self.rg_file, self.rg_rows, self.versions)
+
+    def place(self, rg: int) -> str:
+        """Where global row group ``rg`` lives, for messages: ``"<url> row group <n>"``."""
+        return f"{self.urls[int(self.rg_file[rg])]} row group {int(self.rg_index[rg])}"
 
     def projected_bytes(self) -> int:
         """Bytes of the projected column chunks of every row group (what one epoch fetches)."""
@@ -180,6 +192,7 @@ class Catalog:
             schema=schema,
             footer_lengths=np.array([f.footer_length for f in footers], dtype=np.int64) if has_ranges else None,
             rg_ranges=ranges,
+            versions=tuple(f.version for f in footers),
         )
 
 
@@ -269,9 +282,12 @@ def list_entries(
 ) -> list[FileEntry]:
     """Expand files, directories and globs into sorted, de-duplicated ``FileEntry``s.
 
-    Directories are searched recursively; names starting with ``.`` or ``_`` (``_SUCCESS``,
-    ``.crc`` files, ``_metadata``) are skipped there, as Spark and Hive writers expect.
-    A path that matches nothing is an error, so a typo in one of several globs loses nothing silently.
+    An existing file or directory is taken literally, even with glob characters in its name
+    (``brack[1].parquet``); anything else is a glob. Directories are searched recursively; names
+    starting with ``.`` or ``_`` (``_SUCCESS``, ``.crc`` files, ``_metadata``) are skipped there, as
+    Spark and Hive writers expect. A path that matches nothing is an error saying why (the bucket
+    or directory does not exist, access is denied, nothing in it matches), so a typo in one of
+    several globs loses nothing silently.
     """
     if isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__"):
         paths = [str(paths)]
@@ -282,53 +298,66 @@ def list_entries(
     policy = retry or RetryPolicy()
     found: dict[str, FileEntry] = {}
     for path in paths:
+        def attempt(left: float, path: str = path) -> dict[str, FileEntry]:
+            return _expand(path, filesystems, time.monotonic() + left)
+
         try:
-            matched = call_with_retry(lambda: _expand(path, filesystems), policy, f"listing {path}", filesystems.redact)
-        except CatalogError:
-            raise
+            matched = call_within(attempt, policy, f"listing {path}", filesystems.redact)
+        except CatalogError as exc:
+            raise CatalogError(filesystems.redact(str(exc))) from None
         except Exception as exc:  # noqa: BLE001 - any backend error becomes one clear message
             cause = exc.last if isinstance(exc, RetriesExhausted) else exc
-            raise CatalogError(filesystems.redact(f"listing {path!r} failed: {describe(cause)}")) from None
-        if not matched:
-            raise CatalogError(f"no files matched {path!r}")
+            extra = f" ({exc.attempts} attempts in {exc.elapsed:.1f} s)" if isinstance(exc, RetriesExhausted) else ""
+            raise CatalogError(filesystems.redact(f"listing {path!r} failed{extra}: {describe(cause)}")) from None
         found.update(matched)
     return [found[url] for url in sorted(found)]
 
 
-def _expand(path: str, filesystems: FileSystems) -> dict[str, FileEntry]:
+def _expand(path: str, filesystems: FileSystems, until: float) -> dict[str, FileEntry]:
+    """The files ``path`` names, each storage call cut off at ``until``; ``CatalogError`` if none, saying why."""
     fs, root = filesystems.resolve(path)
+
+    def bound() -> dict[str, float]:
+        return timeout_kw(fs, until - time.monotonic())
+
     # Filesystems are shared within a process; a catalog must see storage as it is now, not a
     # listing cached by an earlier build (files added or rewritten since).
     fs.invalidate_cache()
-    if any(ch in root for ch in _GLOB_CHARS):
-        entries = fs.glob(root, detail=True)
-    elif fs.isdir(root):
-        entries = {root: {"type": "directory"}}
-    elif fs.exists(root):
-        entries = {root: fs.info(root)}
-    else:
-        return {}
+    try:
+        entries = {root: fs.info(root, **bound())}  # an existing path is taken literally
+    except FileNotFoundError as exc:
+        if not any(ch in root for ch in _GLOB_CHARS):
+            raise CatalogError(f"no files matched {path!r}: it does not exist ({describe(exc)})") from None
+        entries = fs.glob(root, detail=True, **bound())
+        if not entries:
+            raise CatalogError(f"no files matched {path!r}{_why_no_match(fs, root, bound)}") from None
     out: dict[str, FileEntry] = {}
     for name, info in entries.items():
         if info.get("type") == "directory":
-            for sub, subinfo in fs.find(name, detail=True).items():
+            for sub, subinfo in fs.find(name, detail=True, **bound()).items():
                 relative = sub[len(name.rstrip("/")) + 1 :]
                 if not any(part.startswith((".", "_")) for part in relative.split("/")):
                     url = fs.unstrip_protocol(sub)
-                    out[url] = FileEntry(url, int(subinfo["size"]), _version(subinfo))
+                    out[url] = FileEntry(url, int(subinfo["size"]), file_version(subinfo))
         else:
             url = fs.unstrip_protocol(name)
-            out[url] = FileEntry(url, int(info["size"]), _version(info))
+            out[url] = FileEntry(url, int(info["size"]), file_version(info))
+    if not out:
+        raise CatalogError(f"no files matched {path!r} (only empty directories or hidden/marker files)")
     return out
 
 
-def _version(info: dict[str, Any]) -> str:
-    """What changes when a file is rewritten: ETag/generation on object stores, else mtime."""
-    for key in _VERSION_KEYS:
-        value = info.get(key)
-        if value not in (None, ""):
-            return f"{key}={value}"
-    return ""
+def _why_no_match(fs: Any, root: str, bound: Callable[[], dict[str, float]]) -> str:
+    """Why a glob matched nothing: the directory it searches does not exist (with the store's cause), or is there."""
+    cut = min(root.index(ch) for ch in _GLOB_CHARS if ch in root)
+    base = root[:cut].rsplit("/", 1)[0] if "/" in root[:cut] else ""
+    if not base:
+        return ""
+    try:
+        fs.info(base, **bound())
+    except FileNotFoundError as exc:
+        return f": {fs.unstrip_protocol(base)!r} does not exist ({describe(exc)})"
+    return f" (nothing in {fs.unstrip_protocol(base)!r} matches)"
 
 
 def _read_footers(
@@ -383,14 +412,15 @@ def _fetch_metadata(
     fs, path = filesystems.resolve(url)
 
     def fetch(start: int, end: int) -> bytes:
-        def attempt() -> bytes:
-            data = fs.cat_file(path, start=start, end=end)
+        def attempt(left: float) -> bytes:
+            until = time.monotonic() + left
+            data = fs.cat_file(path, start=start, end=end, **timeout_kw(fs, left))
             if len(data) != end - start:
-                check_short_read(fs, path, url, size, len(data), end - start, CatalogError)
+                check_short_read(fs, path, url, size, len(data), end - start, CatalogError, until - time.monotonic())
             return data
 
         try:
-            return call_with_retry(attempt, policy, f"{url} footer bytes {start}-{end}", filesystems.redact)
+            return call_within(attempt, policy, f"{url} footer bytes {start}-{end}", filesystems.redact)
         except CatalogError:
             raise
         except Exception as exc:  # noqa: BLE001 - permanent or exhausted: name the file and cause

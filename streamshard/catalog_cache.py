@@ -6,6 +6,11 @@ ranges and projected Arrow schema (Arrow IPC bytes, base64). An entry is reused 
 listing shows the same size and version; a file without a version is always re-read. JSON and
 Arrow IPC only: nothing here can execute code when loaded.
 
+The file is never trusted: every field of an entry is checked on load (types, signs, lengths that
+must agree, byte ranges inside the file, the schema against the projection); an entry that fails
+is dropped with a warning and that file's footer read again, so a damaged cache costs requests,
+never a crash or wrong sample ids.
+
 The cache is opt-in (``cache_dir``): streamshard writes nothing to disk unless asked.
 """
 
@@ -46,7 +51,7 @@ def footer_to_dict(footer: FileFooter) -> dict[str, Any]:
 
 
 def footer_from_dict(data: dict[str, Any]) -> FileFooter:
-    """The ``FileFooter`` that ``footer_to_dict`` described."""
+    """The ``FileFooter`` that ``footer_to_dict`` described (trusted input: see ``check_entry``)."""
     schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(data["schema"])))
     ranges = np.array(data["ranges"], dtype=np.int64).reshape(data["ranges_shape"])
     return FileFooter(
@@ -73,24 +78,36 @@ class CatalogCache:
     def load(self, files: Sequence[FileEntry]) -> dict[str, dict[str, Any]]:
         """The cached footer dicts of ``files`` that are still valid, by URL.
 
-        A missing, unreadable or foreign cache file counts as empty (it is rebuilt, never trusted).
+        A missing, unreadable or foreign cache file counts as empty; an entry that fails
+        ``check_entry`` is dropped with a warning (its footer is read again).
         """
         try:
             with open(self.path, encoding="utf-8") as f:
                 stored = json.load(f)
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
             log.warning("catalog cache %s is unreadable (%s); rebuilding it", self.path, exc)
             return {}
-        if stored.get("format") != FORMAT_VERSION or stored.get("columns") != self.columns:
+        if not isinstance(stored, dict) or not isinstance(stored.get("files"), dict):
+            log.warning("catalog cache %s is not a catalog cache (no 'files' mapping); rebuilding it", self.path)
             return {}
-        entries = stored.get("files", {})
-        valid = {}
+        if stored.get("format") != FORMAT_VERSION or stored.get("columns") != self.columns:
+            return {}  # another format or projection: not ours to use
+        entries = stored["files"]
+        valid, rejected = {}, []
         for file in files:
             entry = entries.get(file.url)
-            if entry and file.version and entry["version"] == file.version and entry["size"] == file.size:
+            if entry is None or not file.version:
+                continue
+            problem = check_entry(entry, file, self.columns)
+            if problem is None:
                 valid[file.url] = entry
+            elif problem:  # '' = a stale entry (the file changed): expected, not worth a warning
+                rejected.append(f"{file.url}: {problem}")
+        if rejected:
+            log.warning("catalog cache %s: ignoring %d damaged entr%s (their footers are read again): %s",
+                        self.path, len(rejected), "y" if len(rejected) == 1 else "ies", "; ".join(rejected[:3]))
         return valid
 
     def save(self, footers: Sequence[dict[str, Any]]) -> None:
@@ -107,3 +124,47 @@ class CatalogCache:
             if os.path.exists(tmp):
                 os.unlink(tmp)
             raise
+
+
+_MAX_ROWS = 1 << 48  # far above any real row group; keeps sums of row counts inside int64
+_KEYS = {"url", "size", "version", "footer_length", "rows", "ranges_shape", "ranges", "schema", "maybe_null"}
+
+
+def check_entry(entry: Any, file: FileEntry, columns: Sequence[str] | None) -> str | None:
+    """None if ``entry`` is a well-formed, current footer dict of ``file``; '' if it is stale; else what is wrong."""
+    if not isinstance(entry, dict) or set(entry) != _KEYS:
+        return f"not an entry with keys {sorted(_KEYS)}"
+    if entry["url"] != file.url or not isinstance(entry["version"], str):
+        return "its url or version is malformed"
+    if not _is_int(entry["size"]) or entry["size"] < 0:
+        return f"size {entry['size']!r:.40} is not a byte count"
+    if entry["size"] != file.size or entry["version"] != file.version:
+        return ""
+    rows, shape, ranges = entry["rows"], entry["ranges_shape"], entry["ranges"]
+    if not isinstance(rows, list) or not all(_is_int(r) and 0 <= r < _MAX_ROWS for r in rows):
+        return "rows is not a list of row counts >= 0"
+    if not _is_int(entry["footer_length"]) or not 0 < entry["footer_length"] <= file.size - 12:
+        return f"footer_length {entry['footer_length']!r:.40} does not fit a file of {file.size} bytes"
+    try:
+        schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(entry["schema"], validate=True)))
+    except Exception as exc:  # noqa: BLE001 - binascii, ArrowInvalid, TypeError: all mean a bad entry
+        return f"schema does not decode ({type(exc).__name__})"
+    if columns is not None and schema.names != list(columns):
+        return f"schema has columns {schema.names}, not the projection {list(columns)}"
+    if not isinstance(shape, list) or shape != [len(rows), len(schema), 2]:
+        return f"ranges_shape {shape!r:.60} is not [row groups, columns, 2] = [{len(rows)}, {len(schema)}, 2]"
+    if not isinstance(ranges, list) or len(ranges) != 2 * len(rows) * len(schema):
+        return "ranges does not have the length ranges_shape says"
+    if not all(_is_int(x) and 0 <= x <= file.size for x in ranges):
+        return f"ranges holds something other than offsets into the file's {file.size} bytes"
+    spans = np.array(ranges, dtype=np.int64).reshape(-1, 2)
+    if (spans[:, 1] < spans[:, 0]).any():
+        return "a byte range ends before it starts"
+    maybe_null = entry["maybe_null"]
+    if not isinstance(maybe_null, list) or not all(isinstance(m, str) and m in schema.names for m in maybe_null):
+        return "maybe_null is not a list of the schema's column names"
+    return None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

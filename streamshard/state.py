@@ -24,11 +24,18 @@ MAX_GLOBAL_WORKERS = 1 << 18  # folding a history costs O(global workers) per se
 MAX_SEGMENTS = 1 << 12
 
 
-def catalog_digest(urls: Any, file_sizes: Any, rg_file: Any, rg_rows: Any) -> str:
-    """A short hash of a catalog's files, sizes and row-group layout: what sample ids depend on."""
+def catalog_digest(urls: Any, file_sizes: Any, rg_file: Any, rg_rows: Any, versions: Any = ()) -> str:
+    """A short hash of a catalog's files, sizes, versions and row-group layout: what sample ids depend on.
+
+    ``versions`` (ETag/mtime per file as listed) makes a checkpoint of other file versions a mismatch.
+    """
     h = hashlib.sha256()
     for url in urls:
         h.update(url.encode())
+        h.update(b"\0")
+    h.update(b"versions\0")
+    for version in versions:
+        h.update(str(version).encode())
         h.update(b"\0")
     for array in (file_sizes, rg_file, rg_rows):
         h.update(np.ascontiguousarray(array, dtype=np.int64).tobytes())

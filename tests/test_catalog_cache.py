@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from collections import Counter
@@ -121,6 +122,75 @@ def test_s3_cache_is_invalidated_by_the_etag(s3, tmp_path):
         proxy.reset_counts()
         Catalog.build(url, ["id"], options, cache_dir=cache_dir)
         assert proxy.count("GET", ".parquet") == 1 and proxy.count("GET", "part-00001") == 1
+
+
+# -- a damaged cache is never trusted ------------------------------------------------------------
+
+def _entry(doc, name="part-00000.parquet"):
+    return next(entry for url, entry in doc["files"].items() if url.endswith(name))
+
+
+def _edit(change):
+    """A corruption of the parsed cache: ``change(doc, entry)`` edits it in place or returns a replacement."""
+    def corrupt(text: str) -> bytes:
+        doc = json.loads(text)
+        out = change(doc, _entry(doc))
+        return json.dumps(doc if out is None else out).encode()
+    return corrupt
+
+
+def _other_schema(doc, entry):
+    import base64
+    import pyarrow as pa
+    entry["schema"] = base64.b64encode(pa.schema([("label", pa.int64())]).serialize().to_pybytes()).decode()
+
+
+CORRUPTIONS = {
+    "not UTF-8": lambda text: b"\xff\xfe\x00" + text.encode()[3:],
+    "truncated JSON": lambda text: text[: len(text) // 2].encode(),
+    "top level is a list": _edit(lambda doc, entry: [doc]),
+    "files is a list": _edit(lambda doc, entry: {**doc, "files": list(doc["files"].values())}),
+    "an entry is a string": _edit(lambda doc, entry: doc["files"].update({entry["url"]: "part-00000"})),
+    "a key is missing": _edit(lambda doc, entry: entry.pop("rows")),
+    "an unknown key": _edit(lambda doc, entry: entry.update(extra=1)),
+    "a row count is a string": _edit(lambda doc, entry: entry["rows"].__setitem__(0, str(entry["rows"][0]))),
+    "a negative row count": _edit(lambda doc, entry: entry["rows"].__setitem__(1, -5)),
+    "a row count beyond int64": _edit(lambda doc, entry: entry["rows"].__setitem__(0, 10**30)),
+    "size is a string": _edit(lambda doc, entry: entry.update(size=str(entry["size"]))),
+    "version is a number": _edit(lambda doc, entry: entry.update(version=7)),
+    "url disagrees with its key": _edit(lambda doc, entry: entry.update(url="s3://elsewhere/x.parquet")),
+    "footer_length beyond the file": _edit(lambda doc, entry: entry.update(footer_length=10**9)),
+    "rows and ranges_shape disagree": _edit(lambda doc, entry: entry["rows"].append(5)),
+    "ranges shorter than their shape": _edit(lambda doc, entry: entry["ranges"].pop()),
+    "a range past the end of the file": _edit(lambda doc, entry: entry["ranges"].__setitem__(1, entry["size"] + 99)),
+    "a range that ends before it starts": _edit(lambda doc, entry: entry["ranges"].__setitem__(1, 0)),
+    "schema is not base64": _edit(lambda doc, entry: entry.update(schema="!!not base64!!")),
+    "schema is base64 of garbage": _edit(lambda doc, entry: entry.update(schema="Z2FyYmFnZQ==")),
+    "schema of other columns": _edit(_other_schema),
+    "maybe_null names no column": _edit(lambda doc, entry: entry.update(maybe_null=["nope"])),
+}
+
+
+@pytest.mark.parametrize("corruption", list(CORRUPTIONS))
+def test_a_damaged_cache_is_ignored_with_a_warning_and_gives_the_fresh_catalog(counted, corruption, caplog):
+    url, cache_dir = counted
+    fresh = Catalog.build(url, ["id", "input_ids"])
+    Catalog.build(url, ["id", "input_ids"], cache_dir=cache_dir)
+    (name,) = os.listdir(cache_dir)
+    path = os.path.join(cache_dir, name)
+    with open(path, encoding="utf-8") as f:
+        damaged = CORRUPTIONS[corruption](f.read())
+    with open(path, "wb") as f:
+        f.write(damaged)
+    FooterCountingFileSystem.reads.clear()
+    with caplog.at_level(logging.WARNING, logger="streamshard"):
+        rebuilt = Catalog.build(url, ["id", "input_ids"], cache_dir=cache_dir)
+    assert same_catalog(rebuilt, fresh) and rebuilt.versions == fresh.versions
+    assert FooterCountingFileSystem.reads, "the damaged part must be read again from the footers"
+    assert any("catalog cache" in r.getMessage() and path in r.getMessage() for r in caplog.records)
+    FooterCountingFileSystem.reads.clear()
+    assert same_catalog(Catalog.build(url, ["id", "input_ids"], cache_dir=cache_dir), fresh)
+    assert not FooterCountingFileSystem.reads  # the rewritten cache is whole again
 
 
 # -- distributed build: two real gloo processes -------------------------------------------------
