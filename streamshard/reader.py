@@ -4,12 +4,18 @@ For one row group the reader fetches only the column chunks of the projected col
 ranges (adjacent ones coalesced when the gap is small), plus the file's footer the first time
 it meets the file. With the catalog's ranges the footer and the data are fetched together, in
 one concurrent round. pyarrow then decodes from those bytes alone (the footer is passed as
-``metadata``, so nothing else is read). No whole-file downloads, no fsspec read-ahead buffers,
-no HEAD requests.
+``metadata``, so nothing else is read). No whole-file downloads, no fsspec read-ahead buffers.
+
+Files are read at the version the catalog recorded (given ``versions``): a synchronous backend's
+file is checked (size and mtime, one ``info``/stat) each time a handle is opened; on an async
+backend one ``info`` (a HEAD on S3) per file per reader follows the file's first fetch, before any
+of its bytes are used (fsspec's ``cat_ranges`` does not expose the ETag of the ranged GETs). A
+changed file is a ``ReadError`` naming both versions, never other rows under the old sample ids.
 
 Backends: an async fsspec filesystem (s3fs, gcsfs, http) gets all ranges of a row group in
 flight at once through ``fs.cat_ranges``; a synchronous one (local disk) is read through one
-open handle per file. Every request is retried on transient faults (``streamshard.retry``).
+open handle per file. Every request is retried on transient faults (``streamshard.retry``), and
+on async backends the retry deadline also cuts off a request in flight.
 """
 
 from __future__ import annotations
@@ -30,8 +36,8 @@ from fsspec.utils import merge_offset_ranges
 
 from .errors import ReadError
 from .footer import FooterError, chunk_ranges, parse_footer, tail_range
-from .retry import RetriesExhausted, RetryPolicy, TransientError, call_with_retry, describe, is_transient
-from .storage import FileSystems, check_short_read, is_async
+from .retry import RetriesExhausted, RetryPolicy, TransientError, call_within, describe, is_transient
+from .storage import FileSystems, check_short_read, file_change, is_async, timeout_kw
 
 log = logging.getLogger("streamshard")
 
@@ -41,6 +47,7 @@ DEFAULT_MAX_GAP = 16 * 1024  # bytes of unneeded data worth fetching to save one
 # Without the catalog's footer length, a small probe of the tail: narrow schemas fit, and a
 # wide footer costs one more request rather than every worker fetching data it will not use.
 FOOTER_PROBE_BYTES = 16 * 1024
+_NOTE_SECONDS = 10.0  # at most this long asking the store, after a failure, whether the file changed
 
 
 @dataclass
@@ -68,6 +75,8 @@ class RowGroupReader:
             ``from_catalog``); without it each file's footer is fetched before its data.
         retry: per-request retry policy. max_gap: coalesce ranges closer than this.
         max_cached_footers: parsed footers kept (a footer is fetched again after eviction).
+        versions: each file's version as cataloged (``Catalog.versions``); given, a file whose
+            size or version differs now is refused (``ReadError``). None: not checked.
 
     Thread-safe: several row groups may be read at once (that is how read-ahead overlaps I/O).
     """
@@ -86,6 +95,7 @@ class RowGroupReader:
         retry: RetryPolicy | None = None,
         max_gap: int = DEFAULT_MAX_GAP,
         max_cached_footers: int = 64,
+        versions: Sequence[str] | None = None,
     ) -> None:
         self.urls, self.sizes = list(urls), [int(s) for s in sizes]
         self.columns = list(columns) if columns is not None else None
@@ -98,6 +108,10 @@ class RowGroupReader:
         self._footer_lengths = None if footer_lengths is None else [int(x) for x in footer_lengths]
         self._rg_ranges = rg_ranges
         self._file_first_rg = None if file_first_rg is None else np.asarray(file_first_rg, dtype=np.int64)
+        if versions is not None and len(versions) != len(self.urls):
+            raise ValueError(f"versions has {len(versions)} entries for {len(self.urls)} files")
+        self._versions = None if versions is None else [str(v) for v in versions]
+        self._checked = _Once()  # async backends: files whose version this reader confirmed
         self.stats = ReadStats()
         self.files_opened = 0  # distinct files this reader touched (laziness is observable)
         self._touched: set[int] = set()
@@ -107,7 +121,9 @@ class RowGroupReader:
 
     @classmethod
     def from_catalog(cls, catalog: Any, storage_options: dict[str, Any] | None = None, **kwargs: Any) -> "RowGroupReader":
-        """A reader of ``catalog``'s files and columns that uses its byte ranges (no footer round trip)."""
+        """A reader of ``catalog``'s files and columns that uses its byte ranges (no footer round trip)
+        and refuses files whose version changed since (``versions=None`` turns that check off)."""
+        kwargs.setdefault("versions", getattr(catalog, "versions", None) or None)
         layout: dict[str, Any] = {}
         if getattr(catalog, "rg_ranges", None) is not None:
             layout = dict(
@@ -126,8 +142,6 @@ class RowGroupReader:
             source = _SparseFile(self.sizes[file_index], sorted(parts), lambda s, e: self._miss(file_index, s, e))
             parquet = pq.ParquetFile(pa.PythonFile(source, mode="r"), metadata=metadata, pre_buffer=False)
             table = parquet.read_row_group(row_group, columns=self.columns)
-        except ReadError:
-            raise
         except Exception as exc:  # noqa: BLE001 - fsspec/pyarrow/botocore raise many types
             raise self._error(file_index, row_group, exc) from None
         with self._lock:
@@ -151,9 +165,10 @@ class RowGroupReader:
         return metadata
 
     def close(self) -> None:
-        """Close open handles and forget cached footers (the reader can still be used after)."""
+        """Close open handles, forget cached footers and version checks (the reader can still be used after)."""
         self._handles.close()
         self._footers.clear()
+        self._checked.clear()
 
     # -- fetching ------------------------------------------------------------------------------
     def _fetch_row_group(self, file_index: int, row_group: int) -> tuple[pq.FileMetaData, list[tuple[int, bytes]]]:
@@ -251,13 +266,15 @@ class RowGroupReader:
         fs, path = self.filesystems.resolve(url)
         got: dict[int, bytes] = {}
 
-        def attempt() -> None:
+        def attempt(left: float) -> None:
+            until = time.monotonic() + left
             todo = [i for i in range(len(ranges)) if i not in got]
             if is_async(fs):
                 results = fs.cat_ranges([path] * len(todo), [ranges[i][0] for i in todo],
-                                        [ranges[i][1] for i in todo], on_error="return")
+                                        [ranges[i][1] for i in todo], on_error="return", **timeout_kw(fs, left))
             else:
-                results = self._handles.read(file_index, fs, path, size, [ranges[i] for i in todo])
+                check = None if self._versions is None else lambda: self._check_unchanged(file_index, until)
+                results = self._handles.read(file_index, fs, path, size, [ranges[i] for i in todo], check)
             self._count(todo, ranges, results)
             failure: BaseException | None = None
             for i, result in zip(todo, results):
@@ -266,7 +283,8 @@ class RowGroupReader:
                     failure = result if failure is None or isinstance(failure, TransientError) else failure
                 elif len(result) != end - start:
                     try:
-                        check_short_read(fs, path, url, size, len(result), end - start, ReadError)
+                        check_short_read(fs, path, url, size, len(result), end - start, ReadError,
+                                         until - time.monotonic())
                     except TransientError as exc:
                         failure = failure or exc
                 else:
@@ -274,8 +292,39 @@ class RowGroupReader:
             if failure is not None:
                 raise failure
 
-        call_with_retry(attempt, self.retry, f"{url} ranges {ranges}", self.filesystems.redact)
+        call_within(attempt, self.retry, f"{url} ranges {ranges}", self.filesystems.redact)
+        if self._versions is not None and is_async(fs):  # before any of the file's bytes are used
+            self._checked.run(file_index, lambda: self._verify(file_index))
         return [(ranges[i][0], got[i]) for i in range(len(ranges))]
+
+    def _verify(self, file_index: int) -> None:
+        """``ReadError`` unless the file still has the size and version the catalog recorded."""
+        url = self.urls[file_index]
+
+        def attempt(left: float) -> None:
+            self._check_unchanged(file_index, time.monotonic() + left)
+
+        try:
+            call_within(attempt, self.retry, f"{url} info", self.filesystems.redact)
+        except ReadError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - cannot confirm the version: the file's bytes are not used
+            cause = exc if isinstance(exc, RetriesExhausted) else describe(exc)
+            raise ReadError(self.filesystems.redact(f"{url}: checking the file's version failed: {cause}")) from None
+
+    def _check_unchanged(self, file_index: int, until: float) -> None:
+        """One ``info`` of the file (cut off at ``until``); ``ReadError`` naming both versions if it changed."""
+        url = self.urls[file_index]
+        fs, path = self.filesystems.resolve(url)
+        fs.invalidate_cache(path)  # a listing cache would answer with what the catalog saw
+        try:
+            info = fs.info(path, **timeout_kw(fs, until - time.monotonic()))
+        except FileNotFoundError:
+            raise ReadError(f"{url}: the file no longer exists (it was cataloged with {self.sizes[file_index]} bytes)") from None
+        versions = self._versions or [""] * len(self.urls)
+        change = file_change(info, self.sizes[file_index], versions[file_index])
+        if change is not None:
+            raise ReadError(f"{url}: {change}")
 
     def _count(self, todo: list[int], ranges: list[Range], results: list[Any]) -> None:
         fetched = sum(len(r) for r in results if isinstance(r, (bytes, bytearray)))
@@ -290,22 +339,29 @@ class RowGroupReader:
                 self.files_opened += 1
 
     def _error(self, file_index: int, row_group: int, exc: BaseException) -> ReadError:
-        cause = exc if isinstance(exc, RetriesExhausted) else describe(exc)
-        text = f"{self.urls[file_index]}: reading row group {row_group} failed: {cause}{self._change_note(file_index)}"
-        return ReadError(self.filesystems.redact(text))
+        url = self.urls[file_index]
+        if isinstance(exc, ReadError):  # already says what is wrong with the file: add the row group
+            text = str(exc)
+            cause, note = (text[len(url) + 2 :] if text.startswith(f"{url}: ") else text), ""
+        else:
+            cause = str(exc) if isinstance(exc, RetriesExhausted) else describe(exc)
+            # Retries exhausted: the store is unreachable or failing; asking it more would only add time.
+            note = "" if isinstance(exc, RetriesExhausted) else self._change_note(file_index)
+        return ReadError(self.filesystems.redact(f"{url}: reading row group {row_group} failed: {cause}{note}"))
 
     def _change_note(self, file_index: int) -> str:
-        """After a failure: whether the file changed size or vanished since it was cataloged."""
+        """After a permanent failure: whether the file changed or vanished since it was cataloged."""
         fs, path = self.filesystems.resolve(self.urls[file_index])
         try:
             fs.invalidate_cache(path)
-            now = int(fs.info(path)["size"])
+            info = fs.info(path, **timeout_kw(fs, min(self.retry.deadline, _NOTE_SECONDS)))
         except FileNotFoundError:
             return " (the file no longer exists)"
         except Exception:  # noqa: BLE001 - no better explanation available; keep the original cause
             return ""
-        cataloged = self.sizes[file_index]
-        return f" (the file is {now} bytes now but was cataloged with {cataloged}: it changed)" if now != cataloged else ""
+        versions = self._versions or [""] * len(self.urls)
+        change = file_change(info, self.sizes[file_index], versions[file_index])
+        return f" ({change})" if change else ""
 
 
 class _FooterCache:
@@ -365,6 +421,35 @@ class _FooterCache:
             self._failed.clear()
 
 
+class _Once:
+    """Runs a check once per key however many threads ask at once; a failure is remembered and raised again."""
+
+    def __init__(self) -> None:
+        self._futures: dict[int, Future[None]] = {}
+        self._lock = threading.Lock()
+
+    def run(self, key: int, check: Callable[[], None]) -> None:
+        with self._lock:
+            future = self._futures.get(key)
+            owner = future is None
+            if owner:
+                future = self._futures[key] = Future()
+        assert future is not None
+        if not owner:
+            future.result()
+            return
+        try:
+            check()
+        except BaseException as exc:
+            future.set_exception(exc)
+            raise
+        future.set_result(None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._futures.clear()
+
+
 class _Handles:
     """Open handles of a synchronous filesystem, one per file (LRU), reads serialised per reader."""
 
@@ -373,12 +458,21 @@ class _Handles:
         self._open: OrderedDict[int, Any] = OrderedDict()
         self._lock = threading.Lock()
 
-    def read(self, key: int, fs: Any, path: str, size: int, ranges: list[Range]) -> list[Any]:
+    def read(self, key: int, fs: Any, path: str, size: int, ranges: list[Range],
+             check: Callable[[], None] | None = None) -> list[Any]:
+        """The bytes of ``ranges`` (or the exception of each failed one); ``check()`` runs on every open."""
         with self._lock:
             handle = self._open.get(key)
             if handle is None:
                 # No fsspec read-ahead cache: exactly the bytes asked for are read.
-                handle = self._open[key] = fs.open(path, "rb", cache_type="none", size=size)
+                handle = fs.open(path, "rb", cache_type="none", size=size)
+                if check is not None:
+                    try:  # the file as opened must be the file cataloged (checked after opening: no gap)
+                        check()
+                    except BaseException:
+                        handle.close()
+                        raise
+                self._open[key] = handle
                 while len(self._open) > self.capacity:
                     self._open.popitem(last=False)[1].close()
             self._open.move_to_end(key)
