@@ -5,6 +5,10 @@ batch; this module fetches the row groups its specs name (``read_ahead`` reads i
 background threads: pyarrow decodes without the GIL), holds each decoded group until the last
 batch that needs it, and assembles, converts and pads. Memory: the groups the current batch still
 shares with later ones plus ``read_ahead`` groups read ahead, never a file.
+
+A failed read ends the pass: reads queued behind it fail with the same error instead of starting
+(a hung store would otherwise cost a full retry deadline per queued read), and a conversion error
+names the file and row group of the rows it came from (``describe``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch
 from .batch_plan import BatchSpec, Read, Schedule
 from .reader import ReadStats
 from .batches import CORPUS, concat, padding_like, with_ids
+from .errors import ConversionError
 from .tensors import Batch, BatchConverter
 
 _MAX_LOOKAHEAD = 64  # batch specs computed ahead to find the next row groups to read
@@ -57,21 +62,33 @@ class _Ready:
 def deliver(
     schedule: Schedule, start: int, read: Callable[[Read], Any], convert: BatchConverter | None, read_ahead: int,
     stats: DeliveryStats | None = None, assemble: Callable[[BatchSpec, dict[int, Any]], Batch] | None = None,
+    *, describe: Callable[[Read], str] | None = None,
 ) -> Iterator[Batch]:
     """Batches ``start..steps-1`` of ``schedule``, read through ``read``; timings into ``stats``.
 
     ``assemble(spec, reads)`` replaces the default (Arrow rows -> ``convert`` -> padding) for
     streams whose reads are not plain row groups (token packing); it gets every spec, padding
-    ones included."""
+    ones included. ``describe(read)`` says where a read's rows come from (``"<url> row group 3"``);
+    a ``ConversionError`` then names the reads whose rows failed to convert."""
     specs = schedule.batches(start)
     pending: dict[int, Future | _Ready] = {}
     lookahead: deque[BatchSpec] = deque()
     pool = ThreadPoolExecutor(max_workers=read_ahead, thread_name_prefix="streamshard-read") if read_ahead else None
     template: Batch | None = None
     exhausted = False
+    failed: list[BaseException] = []  # the first failed read: the pass ends there
+
+    def guarded(what: Read) -> Any:
+        if failed:  # queued behind a failure: do not start (the consumer gets that failure)
+            raise failed[0]
+        try:
+            return read(what)
+        except BaseException as exc:
+            failed.append(exc)
+            raise
 
     def submit(key: int, what: Read) -> None:
-        pending[key] = pool.submit(read, what) if pool is not None else _Ready(read(what))
+        pending[key] = pool.submit(guarded, what) if pool is not None else _Ready(read(what))
 
     def pull() -> bool:
         nonlocal exhausted
@@ -115,7 +132,7 @@ def deliver(
                 waited = time.perf_counter()
                 tables = {k: pending[k].result() for k in spec.reads}
                 converting = time.perf_counter()
-                batch = build(spec, tables, convert)
+                batch = _build_placed(spec, tables, convert, describe)
                 template = batch
                 if stats is not None:
                     stats.wait_s += converting - waited
@@ -123,7 +140,7 @@ def deliver(
             else:
                 assert convert is not None
                 if template is None:
-                    template = _donor(schedule, read, convert)
+                    template = _donor(schedule, read, convert, describe)
                 batch = pad_batch(template, spec.padding, convert)
             for key in spec.done:
                 pending.pop(key, None)
@@ -141,12 +158,36 @@ def deliver(
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _donor(schedule: Schedule, read: Callable[[Read], pa.Table], convert: BatchConverter) -> Batch:
+def _donor(schedule: Schedule, read: Callable[[Read], pa.Table], convert: BatchConverter,
+           describe: Callable[[Read], str] | None) -> Batch:
     spec = schedule.shape_donor()
     if spec is None:  # an empty dataset: a 0-row batch keeps the keys
         empty = pa.Table.from_batches([], schema=convert.schema)
         return with_ids(convert(empty), np.zeros(0, dtype=np.int64))
-    return build(spec, {k: read(r) for k, r in spec.reads.items()}, convert)
+    return _build_placed(spec, {k: read(r) for k, r in spec.reads.items()}, convert, describe)
+
+
+def _build_placed(spec: BatchSpec, tables: dict[int, pa.Table], convert: BatchConverter,
+                  describe: Callable[[Read], str] | None) -> Batch:
+    """``build``; a ``ConversionError`` names the file and row group of the rows that failed (``describe``)."""
+    try:
+        return build(spec, tables, convert)
+    except ConversionError as exc:
+        if describe is None:
+            raise
+        keys = list(spec.reads)
+        culprits = [k for k in keys if _fails(spec, tables, convert, k)] if len(keys) > 1 else keys
+        places = ", ".join(describe(spec.reads[k]) for k in (culprits or keys))
+        raise ConversionError(f"{exc} (in the rows of {places})") from None
+
+
+def _fails(spec: BatchSpec, tables: dict[int, pa.Table], convert: BatchConverter, key: int) -> bool:
+    """Whether the spec's rows from read ``key`` alone fail to convert (only asked after a batch failed)."""
+    try:
+        convert(_take(tables[key], spec.row[spec.read == key]))
+    except ConversionError:
+        return True
+    return False
 
 
 def spec_table(spec: BatchSpec, tables: dict[int, pa.Table]) -> pa.Table:
