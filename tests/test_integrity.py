@@ -1,0 +1,363 @@
+"""Integrity under change and abuse: files read at the cataloged version, literal paths, errors
+that name their place and cause, secrets kept out of third-party logs, deadlines that hold."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from contextlib import contextmanager
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import streamshard as ss
+from streamshard.catalog import Catalog
+from streamshard.delivery import deliver
+from streamshard.reader import RowGroupReader
+from streamshard.retry import RetryPolicy
+from streamshard.storage import REDACTION, FileSystems, LogRedaction
+from streamshard.testing import faulty_proxy, write_corpus
+
+
+def via(proxy, s3):
+    options = dict(s3.storage_options)
+    options["client_kwargs"] = {**options["client_kwargs"], "endpoint_url": proxy.endpoint_url}
+    return options
+
+
+def write_fixed(path, first_id: int, rows_per_group=(50, 50)) -> None:
+    """A file whose size does not depend on its values: one int64 column, plain, uncompressed, no statistics."""
+    ids = np.arange(first_id, first_id + sum(rows_per_group), dtype=np.int64)
+    with pq.ParquetWriter(str(path), pa.schema([("id", pa.int64())]), compression="none", use_dictionary=False,
+                          write_statistics=False) as writer:
+        start = 0
+        for rows in rows_per_group:
+            writer.write_table(pa.table({"id": ids[start:start + rows]}))
+            start += rows
+
+
+def rewrite_same_size(path, first_id: int) -> None:
+    """Replace ``path`` by a file of the same size, footer and row groups but other rows (and a later mtime)."""
+    before = os.stat(path)
+    write_fixed(f"{path}.new", first_id)
+    os.replace(f"{path}.new", path)
+    os.utime(path, (before.st_atime + 5, before.st_mtime + 5))
+    assert os.path.getsize(path) == before.st_size  # nothing but the version can tell
+
+
+# -- 1. files are read at the version the catalog recorded ----------------------------------------
+
+def test_the_catalog_keeps_each_files_version_and_its_digest_covers_them(tmp_path):
+    write_corpus(str(tmp_path / "data"), [[5], [6]])
+    catalog = Catalog.build(str(tmp_path / "data"))
+    assert len(catalog.versions) == 2 and all(v.startswith("mtime=") for v in catalog.versions)
+    cached = Catalog.build(str(tmp_path / "data"), cache_dir=str(tmp_path / "cache"))
+    again = Catalog.build(str(tmp_path / "data"), cache_dir=str(tmp_path / "cache"))  # from the cache
+    assert cached.versions == again.versions == catalog.versions and again.digest == catalog.digest
+    target = tmp_path / "data" / "part-00001.parquet"
+    stat = target.stat()
+    os.utime(target, (stat.st_atime, stat.st_mtime + 5))
+    touched = Catalog.build(str(tmp_path / "data"))
+    assert touched.num_rows == catalog.num_rows and touched.digest != catalog.digest
+
+
+def test_a_local_file_rewritten_at_the_same_size_is_refused_naming_both_versions(tmp_path):
+    write_fixed(tmp_path / "a.parquet", 0)
+    write_fixed(tmp_path / "b.parquet", 100)
+    ds = ss.ParquetStream(str(tmp_path), batch_size=50, rank=0, world_size=1)
+    ds.set_epoch(0)  # the catalog records b.parquet as it is now
+    rewrite_same_size(tmp_path / "b.parquet", 10_000)
+    delivered = []
+    with pytest.raises(ss.ReadError, match=r"b\.parquet: reading row group 0 failed: the file changed since it was "
+                                           r"cataloged \(cataloged: \d+ bytes, mtime=[\d.]+; now: \d+ bytes, mtime=[\d.]+\)"):
+        for batch in ds:
+            delivered.append(batch)
+    for batch in delivered:  # nothing of the new file went out under the old ids
+        assert (batch["id"] == batch["sample_id"]).all()
+
+
+def test_an_s3_object_rewritten_at_the_same_size_is_refused_after_one_head_per_file(s3, tmp_path):
+    for i in range(3):
+        write_fixed(tmp_path / f"part-{i}.parquet", 100 * i)
+    url = s3.upload(str(tmp_path), "versions-bucket", "c")
+    with faulty_proxy(s3.endpoint_url) as proxy:
+        options = via(proxy, s3)
+        catalog = Catalog.build(url, None, options)
+        assert all(v.startswith('ETag="') for v in catalog.versions)
+        everything = list(zip(catalog.rg_file.tolist(), catalog.rg_index.tolist()))
+
+        proxy.reset_counts()
+        unchecked = RowGroupReader.from_catalog(catalog, options, versions=None)
+        expected = [unchecked.read(f, g) for f, g in everything]
+        gets_without_check = proxy.count("GET")
+        assert proxy.count("HEAD") == 0
+
+        proxy.reset_counts()
+        checked = RowGroupReader.from_catalog(catalog, options)
+        assert [checked.read(f, g) for f, g in everything] == expected
+        # The cost of the check, measured: one HEAD per file per reader, not one GET more.
+        assert proxy.count("HEAD") == catalog.num_files == 3
+        assert proxy.count("GET") == gets_without_check == 9  # per file: footer + row group 0, row group 1
+
+        write_fixed(tmp_path / "part-1.parquet", 10_000)
+        s3.filesystem().put_file(str(tmp_path / "part-1.parquet"), "versions-bucket/c/part-1.parquet")
+        fresh = RowGroupReader.from_catalog(catalog, options)
+        with pytest.raises(ss.ReadError, match=r"part-1\.parquet: reading row group 1 failed: the file changed since "
+                                               r'it was cataloged \(cataloged: \d+ bytes, ETag="\w+"; now: \d+ bytes, '
+                                               r'ETag="\w+"\)') as err:
+            fresh.read(1, 1)
+        assert catalog.versions[1] in str(err.value)
+
+
+def test_a_checkpoint_taken_before_a_file_was_rewritten_is_refused(tmp_path):
+    write_corpus(str(tmp_path), [[40, 60], [100]])
+    loader = ss.StreamLoader(ss.ParquetStream(str(tmp_path), batch_size=16, rank=0, world_size=1), num_workers=0)
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    target = tmp_path / "part-00001.parquet"
+    stat = target.stat()
+    os.utime(target, (stat.st_atime, stat.st_mtime + 5))  # same bytes, but nothing proves it
+    resumed = ss.StreamLoader(ss.ParquetStream(str(tmp_path), batch_size=16, rank=0, world_size=1), num_workers=0)
+    with pytest.raises(ss.StateError, match="catalog="):
+        resumed.load_state_dict(state)
+
+
+# -- 3. an existing path is taken literally, glob characters or not -------------------------------
+
+@pytest.mark.parametrize("name, decoy", [("brack[1].parquet", "brack1.parquet"), ("star*.parquet", "starry.parquet"),
+                                         ("what?.parquet", "whats.parquet")])
+def test_an_existing_file_with_glob_characters_is_taken_literally(tmp_path, name, decoy):
+    write_fixed(tmp_path / name, 0)
+    write_fixed(tmp_path / decoy, 100)  # what the name would match as a glob
+    catalog = Catalog.build(str(tmp_path / name))
+    assert [os.path.basename(u) for u in catalog.urls] == [name]
+    assert Catalog.build(str(tmp_path / "*.parquet")).num_files == 2  # globs still expand
+
+
+def test_an_existing_directory_with_glob_characters_is_taken_literally(tmp_path):
+    write_corpus(str(tmp_path / "a*b"), [[5], [6]])
+    write_corpus(str(tmp_path / "axb"), [[7]])
+    assert Catalog.build(str(tmp_path / "a*b") + "/").num_rows == 11
+    assert Catalog.build(str(tmp_path / "a?b")).num_rows == 18  # no such directory: a glob over both
+
+
+def test_s3_keys_with_glob_characters_are_taken_literally(s3, tmp_path):
+    write_fixed(tmp_path / "brack[1].parquet", 0)
+    write_fixed(tmp_path / "brack1.parquet", 100)
+    url = s3.upload(str(tmp_path), "literal-bucket", "a*b")
+    options = s3.storage_options
+    assert Catalog.build(f"{url}/brack[1].parquet", storage_options=options).urls == (f"{url}/brack[1].parquet",)
+    assert Catalog.build(f"{url}/", storage_options=options).num_files == 2
+    assert Catalog.build("s3://literal-bucket/a*b/brack*.parquet", storage_options=options).num_files == 2
+
+
+# -- 4. every error names its place and cause ------------------------------------------------------
+
+@pytest.mark.parametrize("path, cause", [
+    ("s3://no-such-bucket-x/data/", r"no files matched 's3://no-such-bucket-x/data/': it does not exist "
+                                    r"\(FileNotFoundError: The specified bucket does not exist\)"),
+    ("s3://no-such-bucket-x/data/*.parquet", r"no files matched 's3://no-such-bucket-x/data/\*\.parquet': "
+                                             r"'s3://no-such-bucket-x/data' does not exist \(FileNotFoundError: "
+                                             r"The specified bucket does not exist\)"),
+    ("s3://corpus-bucket-y/nothing/", r"no files matched 's3://corpus-bucket-y/nothing/': it does not exist"),
+])
+def test_a_missing_bucket_or_prefix_is_reported_with_its_cause(s3, path, cause):
+    s3.filesystem().makedirs("corpus-bucket-y", exist_ok=True)
+    with pytest.raises(ss.CatalogError, match=cause):
+        Catalog.build(path, storage_options=s3.storage_options)
+
+
+def test_access_denied_while_listing_is_reported_as_such(s3, tmp_path):
+    write_corpus(str(tmp_path), [[5]])
+    url = s3.upload(str(tmp_path), "denied-bucket", "c")
+    with faulty_proxy(s3.endpoint_url) as proxy:
+        proxy.config.permanent = {".*": 403}
+        with pytest.raises(ss.CatalogError, match=r"listing 's3://denied-bucket/c' failed: PermissionError"):
+            Catalog.build(url, storage_options=via(proxy, s3))
+
+
+def test_a_truncated_or_corrupt_file_is_named_with_its_row_group(tmp_path):
+    write_fixed(tmp_path / "t.parquet", 0)
+    truncated = ss.ParquetStream(str(tmp_path / "t.parquet"), batch_size=50, rank=0, world_size=1)
+    truncated.set_epoch(0)
+    data = (tmp_path / "t.parquet").read_bytes()
+    (tmp_path / "t.parquet").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ss.ReadError, match=r"t\.parquet: reading row group 0 failed: .*changed"):
+        list(truncated)
+
+    write_fixed(tmp_path / "c.parquet", 0)
+    metadata = pq.read_metadata(tmp_path / "c.parquet")
+    chunk = metadata.row_group(1).column(0)
+    raw = bytearray((tmp_path / "c.parquet").read_bytes())
+    raw[chunk.data_page_offset : chunk.data_page_offset + 24] = b"\xff" * 24  # the page header: garbage
+    (tmp_path / "c.parquet").write_bytes(bytes(raw))
+    corrupt = ss.ParquetStream(str(tmp_path / "c.parquet"), batch_size=50, rank=0, world_size=1)
+    with pytest.raises(ss.ReadError, match=r"c\.parquet: reading row group 1 failed: "):
+        list(corrupt)
+
+
+def write_uint64(path, values_per_group) -> None:
+    with pq.ParquetWriter(str(path), pa.schema([("v", pa.uint64())])) as writer:
+        for values in values_per_group:
+            writer.write_table(pa.table({"v": pa.array(values, pa.uint64())}))
+
+
+@pytest.fixture
+def uint64_corpus(tmp_path):
+    write_uint64(tmp_path / "a.parquet", [list(range(20)), list(range(20))])
+    write_uint64(tmp_path / "b.parquet", [list(range(20)), [1] * 19 + [2**63]])  # row group 1 cannot be int64
+    write_uint64(tmp_path / "c.parquet", [list(range(20))])
+    return tmp_path
+
+
+@pytest.mark.parametrize("order", [{"shuffle": False}, {"shuffle": True, "shuffle_window": 4}])
+def test_a_conversion_error_names_the_file_and_row_group_of_the_rows(uint64_corpus, order):
+    ds = ss.ParquetStream(str(uint64_corpus), batch_size=32, seed=1, rank=0, world_size=1, **order)
+    with pytest.raises(ss.ConversionError, match=r"column 'v' .*uint64 value 9223372036854775808 does not fit int64 "
+                                                 r"\(in the rows of \S+/b\.parquet row group 1\)$"):
+        list(ds)
+
+
+def test_a_blend_conversion_error_names_the_corpus_file_and_row_group(uint64_corpus, tmp_path):
+    write_uint64(tmp_path / "ok.parquet", [list(range(40))])
+    corpus = lambda path: ss.ParquetStream(str(path), batch_size=8, rank=0, world_size=1)  # noqa: E731
+    blend = ss.BlendedStream({"fine": corpus(tmp_path / "ok.parquet"), "bad": corpus(uint64_corpus / "b.parquet")},
+                             weights={"fine": 0.5, "bad": 0.5}, batch_size=16, rank=0, world_size=1)
+    with pytest.raises(ss.ConversionError, match=r"\(in the rows of corpus 'bad' \S+/b\.parquet row group 1\)$"):
+        list(blend)
+
+
+def test_a_failed_read_ends_the_pass_without_starting_the_reads_queued_behind_it(tmp_path):
+    write_corpus(str(tmp_path), [[10] * 6])
+    ds = ss.ParquetStream(str(tmp_path), batch_size=10, rank=0, world_size=1)
+    started, third_started = [], threading.Event()
+
+    def read(what):
+        started.append(what.rg)
+        if what.rg == 0:  # the batch being assembled waits, so only the pool sees row group 1 fail
+            third_started.wait(timeout=1.0)
+            return pq.ParquetFile(tmp_path / "part-00000.parquet").read_row_group(0)
+        if what.rg == 2:
+            third_started.set()
+        raise ss.ReadError(f"row group {what.rg} is unreachable")
+
+    # Two read-ahead threads: row groups 0 and 1 in flight, 2 queued behind them when 1 fails.
+    with pytest.raises(ss.ReadError, match="row group 1 is unreachable"):
+        list(deliver(ds.schedule(), 0, read, ds.converter, read_ahead=2))
+    assert sorted(started) == [0, 1]
+
+
+# -- 5. secrets stay out of third-party log records -----------------------------------------------
+
+TOKEN = "SeSsIoN-t0ken-4b7e2f9a1c"
+
+
+def test_a_session_token_appears_in_no_log_record_with_botocore_at_debug(s3, tmp_path, caplog):
+    write_corpus(str(tmp_path), [[20, 20], [30]])
+    url = s3.upload(str(tmp_path), "token-bucket", "c")
+    options = {**s3.storage_options, "token": TOKEN}  # moto accepts any session token
+    botocore = logging.getLogger("botocore")
+    level = botocore.level
+    botocore.setLevel(logging.DEBUG)
+    try:
+        with caplog.at_level(logging.DEBUG):
+            batches = list(ss.ParquetStream(url, batch_size=16, rank=0, world_size=1, storage_options=options))
+    finally:
+        botocore.setLevel(level)
+    assert sum(len(b["sample_id"]) for b in batches) >= 70
+    texts = [r.getMessage() + (r.exc_text or "") for r in caplog.records]
+    redacted = [t for r, t in zip(caplog.records, texts) if r.name.startswith("botocore") and "***" in t]
+    assert redacted, "botocore logged no request headers: the test proves nothing"
+    assert not [t for t in texts if TOKEN in t]
+
+
+def test_log_redaction_is_idempotent_and_removable(caplog):
+    factory = logging.getLogRecordFactory()
+    redaction, secret = LogRedaction(), "pAssw0rd-redaction-test"
+    noisy = logging.getLogger("botocore.test_redaction")
+    with caplog.at_level(logging.DEBUG, logger="botocore.test_redaction"):
+        redaction.add([secret])
+        redaction.add([secret])  # two holders, one factory
+        noisy.debug("header %s", secret)
+        redaction.discard([secret])  # one holder left: still redacted
+        noisy.debug("header %s", secret)
+        redaction.discard([secret])  # none left: the record factory is put back
+        assert logging.getLogRecordFactory() is factory and not redaction.installed
+        noisy.debug("header %s", secret)
+        logging.getLogger("unrelated.test_redaction").warning("kept %s", secret)  # other loggers: untouched
+    assert [r.getMessage() for r in caplog.records] == ["header ***", "header ***", f"header {secret}", f"kept {secret}"]
+
+
+def test_a_filesystems_secrets_are_redacted_from_its_creation_on(caplog):
+    secret = "pAssw0rd-lifetime-test"
+    noisy = logging.getLogger("fsspec.test_redaction")
+    with caplog.at_level(logging.DEBUG, logger="fsspec.test_redaction"):
+        noisy.debug("header %s", secret)
+        FileSystems({"password": secret}).resolve("memory://redaction-test/x")  # the client holds it now
+        noisy.debug("header %s", secret)
+        REDACTION.discard([secret])  # removable (the client lives on in this process: tests only)
+        noisy.debug("header %s", secret)
+    assert [r.getMessage() for r in caplog.records] == [f"header {secret}", "header ***", f"header {secret}"]
+
+
+# -- 6. the retry deadline bounds a hung endpoint --------------------------------------------------
+
+@contextmanager
+def hung_endpoint():
+    """A TCP server on 127.0.0.1 that accepts connections and never answers."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    server.settimeout(0.1)  # the accept loop notices the end of the test
+    accepted, done = [], threading.Event()
+
+    def accept():
+        while not done.is_set():
+            try:
+                accepted.append(server.accept()[0])
+            except socket.timeout:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        done.set()
+        thread.join()
+        server.close()
+        for conn in accepted:
+            conn.close()
+
+
+def hung_options(s3, endpoint):
+    return {**s3.storage_options, "client_kwargs": {**s3.storage_options["client_kwargs"], "endpoint_url": endpoint}}
+
+
+DEADLINE = RetryPolicy(deadline=3.0)  # botocore's own read timeout here is 30 s
+SLACK = 10.0  # a generous bound: this machine is shared
+
+
+def test_listing_on_a_hung_endpoint_fails_within_the_deadline(s3):
+    with hung_endpoint() as endpoint:
+        started = time.monotonic()
+        with pytest.raises(ss.CatalogError, match=r"listing 's3://hung-bucket/c/' failed \(\d attempts in [\d.]+ s\)"):
+            Catalog.build("s3://hung-bucket/c/", storage_options=hung_options(s3, endpoint), retry=DEADLINE)
+        assert time.monotonic() - started < DEADLINE.deadline + SLACK
+
+
+def test_reading_from_a_hung_endpoint_fails_within_the_deadline(s3, tmp_path):
+    write_corpus(str(tmp_path), [[20, 20]])
+    catalog = Catalog.build(s3.upload(str(tmp_path), "hung-bucket", "c"), storage_options=s3.storage_options)
+    with hung_endpoint() as endpoint:
+        reader = RowGroupReader.from_catalog(catalog, hung_options(s3, endpoint), retry=DEADLINE)
+        started = time.monotonic()
+        with pytest.raises(ss.ReadError, match=r"part-00000\.parquet: reading row group 1 failed: gave up after"):
+            reader.read(0, 1)
+        assert time.monotonic() - started < DEADLINE.deadline + SLACK
