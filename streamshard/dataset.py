@@ -27,7 +27,7 @@ from .reader import RowGroupReader
 from .resume import Planner, Start
 from .schema import parse_cast, read_as
 from .stream_base import PlannedStream
-from .tensors import DECIMAL_FORMATS, INNER_NULLS, LIST_FORMATS, Batch, BatchConverter
+from .tensors import Batch, BatchConverter, check_conversion_options
 from .topology import Topology, current_worker, distributed_rank_world, resolve_rank_world
 from .validate import check_int
 
@@ -116,12 +116,7 @@ class ParquetStream(PlannedStream):
             raise ValueError(f"columns must be a list of column names or None, got {columns!r}")
         if transform is not None and not callable(transform):
             raise ValueError(f"transform must be callable, got {transform!r}")
-        if lists not in LIST_FORMATS:
-            raise ValueError(f"lists must be one of {LIST_FORMATS}, got {lists!r}")
-        if decimals not in DECIMAL_FORMATS:
-            raise ValueError(f"decimals must be one of {DECIMAL_FORMATS}, got {decimals!r}")
-        if inner_nulls not in INNER_NULLS:
-            raise ValueError(f"inner_nulls must be one of {INNER_NULLS}, got {inner_nulls!r}")
+        check_conversion_options(lists, decimals, inner_nulls)  # early: the converter is built later
         self.decimals, self.inner_nulls = decimals, inner_nulls
         self.read_ahead = check_int(read_ahead, "read_ahead", 0, 64)
         self.partitions = check_int(partitions, "partitions", 1, none_ok=True)

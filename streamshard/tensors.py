@@ -86,6 +86,14 @@ _Node = _Leaf | _Struct | _List
 INNER_NULLS = ("error", "mask")
 
 
+def check_conversion_options(lists: str, decimals: str, inner_nulls: str) -> None:
+    """ValueError naming the first of ``lists``, ``decimals``, ``inner_nulls`` that is not a known choice."""
+    for name, value, choices in (("lists", lists, LIST_FORMATS), ("decimals", decimals, DECIMAL_FORMATS),
+                                 ("inner_nulls", inner_nulls, INNER_NULLS)):
+        if value not in choices:
+            raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+
+
 class _How(NamedTuple):
     decimals: str
     source: str
@@ -103,12 +111,7 @@ class BatchConverter:
         device. Deeper lists are always flat. ``decimals="scaled_int64"`` gives decimals as
         exact int64 ``value * 10**scale`` instead of float64 (see :attr:`scales`).
         """
-        if lists not in LIST_FORMATS:
-            raise ValueError(f"lists must be one of {LIST_FORMATS}, got {lists!r}")
-        if decimals not in DECIMAL_FORMATS:
-            raise ValueError(f"decimals must be one of {DECIMAL_FORMATS}, got {decimals!r}")
-        if inner_nulls not in INNER_NULLS:
-            raise ValueError(f"inner_nulls must be one of {INNER_NULLS}, got {inner_nulls!r}")
+        check_conversion_options(lists, decimals, inner_nulls)
         self.schema = schema
         self._how = _How(decimals, source)
         planner = _Planner(source, lists == "flat", decimals, inner_nulls == "mask")
