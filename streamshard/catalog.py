@@ -16,8 +16,9 @@ ranks split the footer reads and all-gather the summaries, so every rank gets th
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from functools import cached_property
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -367,13 +368,38 @@ def _read_footers(
     policy: RetryPolicy,
     max_concurrency: int,
 ) -> list[FileFooter]:
+    """Every file's footer, ``max_concurrency`` at a time; the first failure (in URL order) is raised.
+
+    After a failure no further footer read starts (a hung store would otherwise cost a deadline
+    per ``max_concurrency`` files); the reads in flight end within their own deadline.
+    """
+    failed = threading.Event()
+
     def one(entry: FileEntry) -> FileFooter:
-        return read_footer(entry.url, entry.size, columns, filesystems, policy, entry.version)
+        if failed.is_set():
+            raise _NotStarted()
+        try:
+            return read_footer(entry.url, entry.size, columns, filesystems, policy, entry.version)
+        except BaseException:
+            failed.set()
+            raise
 
     if len(files) <= 1 or max_concurrency <= 1:
         return [one(entry) for entry in files]
     with ThreadPoolExecutor(max_workers=min(max_concurrency, len(files))) as pool:
-        return list(pool.map(one, files))
+        futures = [pool.submit(one, entry) for entry in files]
+        wait(futures, return_when=FIRST_EXCEPTION)
+        if failed.is_set():
+            for future in futures:
+                future.cancel()
+            wait([f for f in futures if not f.cancelled()])
+            errors = [f.exception() for f in futures if not f.cancelled() and f.exception() is not None]
+            raise next(e for e in errors if not isinstance(e, _NotStarted))
+        return [future.result() for future in futures]
+
+
+class _NotStarted(Exception):
+    """A footer read skipped because another one had already failed."""
 
 
 def read_footer(

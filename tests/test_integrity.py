@@ -10,6 +10,7 @@ import threading
 import time
 from contextlib import contextmanager
 
+import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -17,6 +18,8 @@ import pytest
 
 import streamshard as ss
 from streamshard.catalog import Catalog
+from fsspec.implementations.local import LocalFileSystem
+
 from streamshard.delivery import deliver
 from streamshard.reader import RowGroupReader
 from streamshard.retry import RetryPolicy
@@ -361,3 +364,42 @@ def test_reading_from_a_hung_endpoint_fails_within_the_deadline(s3, tmp_path):
         with pytest.raises(ss.ReadError, match=r"part-00000\.parquet: reading row group 1 failed: gave up after"):
             reader.read(0, 1)
         assert time.monotonic() - started < DEADLINE.deadline + SLACK
+
+
+class SecondFooterFailsFileSystem(LocalFileSystem):
+    """Local files under ``failsecond://``: the second file's footer is refused at once; the first
+    one's read waits (up to a second) for every other read to start, as a hung request would."""
+
+    protocol = "failsecond"
+    started: list = []
+    all_started = threading.Event()
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        path = str(path)
+        return super()._strip_protocol(path[len("failsecond://"):] if path.startswith("failsecond://") else path)
+
+    def unstrip_protocol(self, name):
+        return f"failsecond://{self._strip_protocol(name)}"
+
+    def cat_file(self, path, start=None, end=None, **kwargs):
+        cls = SecondFooterFailsFileSystem
+        cls.started.append(os.path.basename(path))
+        if len(cls.started) == 40:
+            cls.all_started.set()
+        if path.endswith("part-00001.parquet"):
+            raise PermissionError(f"access denied: {path}")
+        if path.endswith("part-00000.parquet"):
+            cls.all_started.wait(timeout=1.0)
+        return super().cat_file(path, start=start, end=end, **kwargs)
+
+
+def test_after_a_footer_read_fails_no_further_footer_read_starts(tmp_path):
+    fsspec.register_implementation("failsecond", SecondFooterFailsFileSystem, clobber=True)
+    write_corpus(str(tmp_path), [[3]] * 40)
+    SecondFooterFailsFileSystem.started.clear()
+    SecondFooterFailsFileSystem.all_started.clear()
+    with pytest.raises(ss.CatalogError, match=r"part-00001\.parquet: reading the footer failed: PermissionError"):
+        Catalog.build(f"failsecond://{tmp_path}", max_concurrency=2, distributed=False)
+    # The read in flight when it failed finishes; the 38 queued behind it never start.
+    assert sorted(SecondFooterFailsFileSystem.started) == ["part-00000.parquet", "part-00001.parquet"]
