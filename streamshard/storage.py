@@ -148,7 +148,8 @@ def file_change(info: dict[str, Any], size: int, version: str) -> str | None:
     The version is compared under the key it was recorded with (an ``info`` without that key can
     only be compared by size).
     """
-    now_size = int(info.get("size", -1))
+    now_size = info.get("size")
+    now_size = int(now_size) if isinstance(now_size, (int, float)) else size  # a store that does not say: trust
     key = version.split("=", 1)[0] if version else ""
     now_version = f"{key}={info[key]}" if key and info.get(key) not in (None, "") else ""
     if now_size == size and (not now_version or now_version == version):
