@@ -159,7 +159,8 @@ class PackedStream(PlannedStream):
         if catalog.rg_ranges is not None:
             layout = dict(footer_lengths=catalog.footer_lengths, rg_ranges=catalog.rg_ranges[:, index, :],
                           file_first_rg=catalog.file_first_rg)
-        return RowGroupReader(catalog.urls, catalog.file_sizes, self.columns, self.source.storage_options, **layout)
+        return RowGroupReader(catalog.urls, catalog.file_sizes, self.columns, self.source.storage_options,
+                              versions=catalog.versions or None, **layout)
 
     def _token_group(self, reader: RowGroupReader, rg: int, documents: EpochPlan) -> TokenGroup:
         catalog = self.source.catalog
