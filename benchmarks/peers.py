@@ -4,6 +4,10 @@ Readers (each in a fresh Python process, so peak memory and imports do not leak 
 
 * ``streamshard``: ``ParquetStream(batch_size=B)`` + ``DataLoader(batch_size=None, num_workers=2)``;
   yields ``input_ids`` padded to ``[B, max_len]`` int32 + lengths, ``id``, ``label``.
+* ``streamshard_loader``: the same stream through ``StreamLoader(num_workers=2)``.
+* ``textbook``: the IterableDataset most tutorials write (``read_row_group().to_pandas()``, one
+  tensor dict per row, every n-th row group per worker) + ``DataLoader(batch_size=B, num_workers=2)``
+  with the padding collate below.
 * ``hf_datasets``: ``load_dataset("parquet", data_files=..., streaming=True).with_format("torch")``
   + ``DataLoader(batch_size=B, num_workers=2)`` with a collate that pads ``input_ids`` the same way
   (``datasets.IterableDataset`` gives each DataLoader worker a share of the files).
@@ -11,7 +15,7 @@ Readers (each in a fresh Python process, so peak memory and imports do not leak 
 * ``pyarrow_ceiling``: raw ``ParquetFile.iter_batches(B)`` in 2 processes, half the files each,
   decode + zero-copy numpy views only (no padding, no tensors, no IPC of data): the ceiling.
 
-Each reader runs on local disk and, where it accepts an fsspec endpoint, through moto's S3
+Each reader runs on local disk and, where it accepts an fsspec endpoint, through SeaweedFS's S3
 server on 127.0.0.1. Every run collects the ``id`` of every delivered row and checks that the
 ids are exactly ``0..N-1`` once each. Peak RSS is sampled from /proc every 20 ms over the
 process and all its descendants (DataLoader workers included); ``ru_maxrss`` is the fallback.
@@ -100,6 +104,60 @@ def read_streamshard(urls: list[str], storage_options: dict[str, Any]) -> tuple[
     return ids, tokens
 
 
+def read_streamshard_loader(urls: list[str], storage_options: dict[str, Any]) -> tuple[list[np.ndarray], int]:
+    """The same stream through ``StreamLoader`` (recycled shared-memory slots, its own checkpoint)."""
+    from streamshard import ParquetStream, StreamLoader
+
+    ds = ParquetStream(urls, columns=COLUMNS, batch_size=BATCH, storage_options=storage_options, rank=0, world_size=1)
+    ids, tokens = [], 0
+    for batch in StreamLoader(ds, num_workers=NUM_WORKERS):
+        real = batch["sample_id"] >= 0
+        ids.append(batch["id"][real].numpy())
+        tokens += int(batch["input_ids_lengths"][real].sum())
+    return ids, tokens
+
+
+class _Textbook:
+    """The IterableDataset most tutorials write: each worker takes every n-th row group,
+    ``read_row_group().to_pandas()``, one tensor dict per row, DataLoader batches and pads them."""
+
+    def __init__(self, urls: list[str], storage_options: dict[str, Any]) -> None:
+        self.urls, self.storage_options = urls, storage_options
+
+    def __iter__(self):
+        import fsspec
+        import pyarrow.parquet as pq
+        import torch
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        units = []
+        for url in self.urls:
+            with fsspec.open(url, "rb", **self.storage_options) as f:
+                units += [(url, rg) for rg in range(pq.ParquetFile(f).num_row_groups)]
+        for url, rg in units[worker::workers]:
+            with fsspec.open(url, "rb", **self.storage_options) as f:
+                frame = pq.ParquetFile(f).read_row_group(rg, columns=COLUMNS).to_pandas()
+            for row in frame.itertuples(index=False):
+                yield {"id": torch.tensor(row.id), "label": torch.tensor(row.label),
+                       "input_ids": torch.tensor(row.input_ids)}
+
+
+def read_textbook(urls: list[str], storage_options: dict[str, Any]) -> tuple[list[np.ndarray], int]:
+    from torch.utils.data import DataLoader, IterableDataset
+
+    class Textbook(_Textbook, IterableDataset):
+        pass
+
+    ids, tokens = [], 0
+    for batch in DataLoader(Textbook(urls, storage_options), batch_size=BATCH, num_workers=NUM_WORKERS,
+                            collate_fn=_pad_collate):
+        ids.append(batch["id"].numpy())
+        tokens += int(batch["input_ids_lengths"].sum())
+    return ids, tokens
+
+
 def _pad_collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
     import torch
     from torch.nn.utils.rnn import pad_sequence
@@ -169,12 +227,14 @@ def read_pyarrow_ceiling(urls: list[str], storage_options: dict[str, Any]) -> tu
 
 READERS: dict[str, Callable[[list[str], dict[str, Any]], tuple[list[np.ndarray], int]]] = {
     "streamshard": read_streamshard,
+    "streamshard_loader": read_streamshard_loader,
+    "textbook": read_textbook,
     "hf_datasets": read_hf_datasets,
     "litdata": read_litdata,
     "pyarrow_ceiling": read_pyarrow_ceiling,
 }
 # Which readers accept an fsspec endpoint (storage_options) for S3.
-S3_CAPABLE = {"streamshard", "hf_datasets", "pyarrow_ceiling"}
+S3_CAPABLE = {"streamshard", "streamshard_loader", "textbook", "hf_datasets", "pyarrow_ceiling"}
 
 
 def available(name: str) -> str | None:
@@ -237,6 +297,8 @@ def _tree_rss(pid: int) -> int:
 # not, which would charge each DataLoader worker for a one-time import instead of for reading.
 WARM_UP = {
     "streamshard": ["torch", "streamshard.dataset", "pandas"],
+    "streamshard_loader": ["torch", "streamshard.dataset", "pandas"],
+    "textbook": ["torch", "fsspec", "pandas"],
     "hf_datasets": ["torch", "datasets", "pandas"],
     "litdata": ["torch", "litdata", "pandas"],
     "pyarrow_ceiling": ["pandas"],
@@ -312,9 +374,9 @@ def main() -> None:
     places = [("local", paths, {})]
     s3_context = None
     if not args.skip_s3:
-        from streamshard.testing import local_s3
+        from streamshard.testing import local_seaweedfs
 
-        s3_context = local_s3()
+        s3_context = local_seaweedfs()
         server = s3_context.__enter__()
         base = server.upload(str(CORPUS), "peers")
         places.append(("s3", [f"{base}/{Path(p).name}" for p in paths], server.storage_options))

@@ -4,7 +4,7 @@ The S3 server is SeaweedFS (``weed mini`` on 127.0.0.1), a real object store tha
 GETs from its stored chunks; ``--server moto`` uses moto's server instead (it materialises the
 whole object on every ranged GET, so it understates what a real store does).
 
-Measures rows/s with 2 DataLoader workers (S3 vs the same corpus on local disk), the catalog
+Measures rows/s with StreamLoader(num_workers=2) (S3 vs the same corpus on local disk), the catalog
 time of 2,000 small remote files (cold, then warm from the catalog cache), peak RSS per worker,
 bytes fetched / bytes of the projected column chunks, GETs per row group, and a naive baseline
 (``pq.ParquetFile`` over a default fsspec file object). Prints a table, writes
@@ -28,12 +28,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import torch
-from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from streamshard.catalog import Catalog  # noqa: E402
 from streamshard.dataset import ParquetStream  # noqa: E402
+from streamshard.loader import StreamLoader  # noqa: E402
 from streamshard.testing import FaultConfig, faulty_proxy, local_s3, local_seaweedfs, write_corpus  # noqa: E402
 
 LATENCY = 0.020
@@ -70,7 +70,7 @@ def epoch_rate(paths, options, server_pid: int | None = None) -> dict:
     ds.set_epoch(0)
     started = time.perf_counter()
     rows, rss = 0, 0.0
-    for batch in DataLoader(ds, batch_size=None, num_workers=2):
+    for batch in StreamLoader(ds, num_workers=2):
         rows += int((batch["sample_id"] >= 0).sum())
         rss = max(rss, float(batch["peak_rss_mib"][0]))
     seconds = time.perf_counter() - started
