@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import tracemalloc
 from fractions import Fraction
 
@@ -10,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamshard.blend_schedule import BlendSchedule, blend_counts
+from streamshard import blend_schedule
+from streamshard.blend_schedule import MAX_SAMPLES, BlendSchedule, blend_counts
 
 HUGE = 2 * 10**12
 
@@ -248,6 +250,63 @@ def test_construction_memory_does_not_depend_on_num_samples() -> None:
         peaks.append(tracemalloc.get_traced_memory()[1])
         tracemalloc.stop()
     assert peaks[1] < 1.2 * peaks[0] + 100_000 and peaks[1] < 5_000_000
+
+
+# --- Megatron export --------------------------------------------------------------------------
+
+# sha256 (first 16 hex digits) of the exported (int16, int64) arrays, recorded with the export that
+# placed each corpus by its own chain of int64 mul-divs (before the two-tier float64 placement).
+RECORDED_EXPORTS = {
+    "uniform": (lambda: np.random.default_rng(0).random(1000), 2 * 10**9, range(10**9, 10**9 + 3 * 10**6),
+                "647de3b932f1b54b"),
+    "pareto": (lambda: np.random.default_rng(1).pareto(0.7, 1000) + 1e-4, 10**7, range(10**6), "dc3a61767e6c320d"),
+    "geometric": (lambda: 0.97 ** np.arange(1000.0), 10**7, range(5 * 10**6, 6 * 10**6), "943ba295634bce5b"),
+    "three": (lambda: [0.2, 0.3, 0.5], 10**6, range(10**6), "1cc3ee8a690718b6"),
+    "huge": (lambda: np.random.default_rng(7).random(1000), HUGE, range(HUGE - 10**5, HUGE), "a72df6378cb0f9ab"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RECORDED_EXPORTS))
+def test_export_is_bit_identical_to_the_recorded_arrays(case: str) -> None:
+    weights, n, span, expected = RECORDED_EXPORTS[case]
+    corpus, index = BlendSchedule(weights(), n).export_megatron(span)
+    digest = hashlib.sha256(corpus.astype("<i2").tobytes() + index.astype("<i8").tobytes()).hexdigest()
+    assert (corpus.dtype, index.dtype, digest[:16]) == (np.int16, np.int64, expected)
+
+
+many_weights_strategy = st.integers(30, 400).flatmap(  # enough corpora for clusters
+    lambda k: st.lists(st.floats(1e-3, 1e3), min_size=k, max_size=k)
+)
+sizes_strategy = st.one_of(st.integers(1, 10**5), st.integers(10**5, 10**10), st.integers(2**40, MAX_SAMPLES))
+
+
+@settings(max_examples=80, deadline=None)
+@given(weights=st.one_of(weights_strategy, many_weights_strategy), n=sizes_strategy, data=st.data())
+def test_export_equals_the_walk_down_across_superchunks_windows_and_runs(
+    weights: list[float], n: int, data: st.DataObject
+) -> None:
+    start = data.draw(st.integers(0, n - 1))
+    stop = data.draw(st.integers(start, min(n, start + 20_000)))
+    with pytest.MonkeyPatch.context() as tiny:  # tiny tiles: small schedules cross every boundary
+        for name, value in (("_SUPER", 1 << 12), ("_WINDOW", 1 << 9), ("_RUN", 1 << 10), ("_CLUSTER", 4)):
+            tiny.setattr(blend_schedule, name, value)
+        sched = BlendSchedule(weights, n)
+        corpus, index = sched.export_megatron(range(start, stop))
+    c, i = sched.lookup(np.arange(start, stop)[::-1])  # descending: walks down, not the export's path
+    assert np.array_equal(corpus, c[::-1]) and np.array_equal(index, i[::-1])
+    counts = np.bincount(corpus, minlength=len(weights))
+    assert np.array_equal(sched.prefix_counts(start) + counts, sched.prefix_counts(stop))
+
+
+def test_export_at_full_tile_sizes_agrees_with_lookup_and_prefix_counts() -> None:
+    sched = BlendSchedule(np.random.default_rng(11).random(1000), 2 * 10**9)
+    start, stop = 123_456_789, 123_456_789 + 2 * blend_schedule._SUPER + 54_321  # three superchunks
+    corpus, index = sched.export_megatron(range(start, stop))
+    probe = np.unique(np.random.default_rng(12).integers(start, stop, 100_000))[::-1]
+    c, i = sched.lookup(probe)
+    assert np.array_equal(corpus[probe - start], c) and np.array_equal(index[probe - start], i)
+    counts = np.bincount(corpus, minlength=1000)
+    assert np.array_equal(sched.prefix_counts(start) + counts, sched.prefix_counts(stop))
 
 
 # --- the shuffled order -----------------------------------------------------------------------
