@@ -59,6 +59,8 @@ _SUPER = 1 << 23  # positions per superchunk: clusters are placed once per super
 _WINDOW = 1 << 19  # positions per window: the top tier's scatter stays within 4 MiB
 _RUN = 1 << 19  # at most this many samples of one cluster placed at once (bounds the work buffers)
 _FLOAT_EXACT = 2**50  # a float64 step is exact while (parent count + 1) * div < this (see _Tier.place)
+_ROUND = np.array(1.5 * 2**52)  # |t| < 2**51: t + _ROUND rounds t, and its bits less _ROUND's are that int64
+_ROUND_BITS = _ROUND.view(np.int64)
 
 
 def _check_weights(weights: Any) -> np.ndarray:
@@ -260,8 +262,9 @@ class _Tier:
         first[parent]``. It runs in float64 as ``floor(d * (mul / div) + ((r0 + 1/2) / div + q0 -
         first[parent]))``: the exact sum sits at least ``1 / (2 * div)`` from an integer, and its three
         roundings, on values below ``n + 1`` (``n`` the parent's count), err by less than
-        ``4 * (n + 1) * 2**-53``; so the floor is exact while ``(n + 1) * div < 2**50``. Steps past
-        that bound (schedules far above 2e9 samples) run in int64.
+        ``4 * (n + 1) * 2**-53``; so the floor is exact while ``(n + 1) * div < 2**50``. Steps into
+        the root take that floor as the rounding of the sum less 1/2 (the same margin holds), read
+        from float bits as int64. Steps past the bound (schedules far above 2e9 samples) run in int64.
         """
         ustart = np.zeros(len(self.units) + 1, np.int64)
         np.cumsum(count[self.units], out=ustart[1:])
@@ -279,10 +282,13 @@ class _Tier:
             x = work[s : s + n_c]
             if (n_v + 1) * div < _FLOAT_EXACT:
                 multiply(ramp[:n_c] if from_unit else x, ratio, x)
-                constant[()] = (r0 + 0.5) / div + (q0 - f_v)
-                if to_root:  # truncation is the floor here: every value is positive
-                    add_to(x, constant, out=out[s : s + n_c], casting="unsafe")
+                if to_root:  # floor(t) = round(t - 1/2), read as int64 bits: cheaper than a cast
+                    constant[()] = (r0 + 0.5) / div + (q0 - f_v - 0.5)
+                    add_to(x, constant, x)
+                    add_to(x, _ROUND, x)
+                    np.subtract(x.view(np.int64), _ROUND_BITS, out=out[s : s + n_c])
                 else:
+                    constant[()] = (r0 + 0.5) / div + (q0 - f_v)
                     add_to(x, constant, x)
                     floor(x, x)
             else:
