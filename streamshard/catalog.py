@@ -134,6 +134,7 @@ class Catalog:
         retry: RetryPolicy | None = None,
         distributed: bool = True,
         cast: Mapping[str, Any] | None = None,
+        progress: Callable[[int], None] | None = None,
     ) -> "Catalog":
         """List the files ``paths`` names and read every footer.
 
@@ -142,6 +143,7 @@ class Catalog:
         ``distributed``: when torch.distributed is initialised, split the footer reads across
         ranks (every rank must call ``build`` with the same arguments); False reads all here.
         ``cast``: ``{column: Arrow type or name}`` read as that type whatever each file says.
+        ``progress``: called with 1 after each footer read here (a progress bar's ``update``).
         Physical differences between writers (``large_list`` vs ``list``, dictionary-encoded vs
         plain, list item names, nullability) never need a cast (``schema.py``).
 
@@ -160,9 +162,10 @@ class Catalog:
         cache = CatalogCache(cache_dir, paths, projection) if cache_dir else None
         group = collective.process_group() if distributed else None
         if group is None:
-            footers = _build_local(paths, projection, filesystems, policy, cache, max_concurrency)
+            footers = _build_local(paths, projection, filesystems, policy, cache, max_concurrency, progress)
         else:
-            footers = _build_distributed(paths, projection, filesystems, policy, cache, max_concurrency, *group)
+            footers = _build_distributed(paths, projection, filesystems, policy, cache, max_concurrency, *group,
+                                         progress=progress)
         return cls.from_footers(footers, targets)
 
     @classmethod
@@ -204,11 +207,13 @@ def _build_local(
     policy: RetryPolicy,
     cache: CatalogCache | None,
     max_concurrency: int,
+    progress: Callable[[int], None] | None = None,
 ) -> list[FileFooter]:
     files = list_entries(paths, filesystems, policy)
     cached = cache.load(files) if cache else {}
     missing = [f for f in files if f.url not in cached]
-    read = dict(zip((f.url for f in missing), _read_footers(missing, columns, filesystems, policy, max_concurrency)))
+    read = dict(zip((f.url for f in missing), _read_footers(missing, columns, filesystems, policy, max_concurrency,
+                                                                        progress)))
     footers = [read[f.url] if f.url in read else footer_from_dict(cached[f.url]) for f in files]
     if cache is not None and missing:
         cache.save([footer_to_dict(f) for f in footers])
@@ -225,6 +230,7 @@ def _build_distributed(
     max_concurrency: int,
     rank: int,
     world: int,
+    progress: Callable[[int], None] | None = None,
 ) -> list[FileFooter]:
     """Rank 0 lists and consults the cache; ranks read interleaved shares of the rest; all-gather.
 
@@ -241,7 +247,7 @@ def _build_distributed(
     missing = [f for f in files if f.url not in cached]
     mine = missing[rank::world]
     share = _guarded(lambda: {"footers": [footer_to_dict(f) for f in _read_footers(
-        mine, columns, filesystems, policy, max_concurrency)]})
+        mine, columns, filesystems, policy, max_concurrency, progress)]})
     shares = collective.all_gather(share)
     _raise_if_error(shares)
     read = {d["url"]: d for s in shares for d in s["footers"]}
@@ -367,6 +373,7 @@ def _read_footers(
     filesystems: FileSystems,
     policy: RetryPolicy,
     max_concurrency: int,
+    progress: Callable[[int], None] | None = None,
 ) -> list[FileFooter]:
     """Every file's footer, ``max_concurrency`` at a time; the first failure (in URL order) is raised.
 
@@ -379,10 +386,13 @@ def _read_footers(
         if failed.is_set():
             raise _NotStarted()
         try:
-            return read_footer(entry.url, entry.size, columns, filesystems, policy, entry.version)
+            footer = read_footer(entry.url, entry.size, columns, filesystems, policy, entry.version)
         except BaseException:
             failed.set()
             raise
+        if progress is not None:
+            progress(1)
+        return footer
 
     if len(files) <= 1 or max_concurrency <= 1:
         return [one(entry) for entry in files]

@@ -136,6 +136,7 @@ class ParquetStream(PlannedStream):
         self.lists = lists
         self.cast = {name: str(t) for name, t in parse_cast(cast).items()}  # JSON-safe: it goes into states
         self.stats_hook: Callable[[DeliveryStats], None] | None = None
+        self.catalog_progress: Callable[[int], None] | None = None  # called with 1 per footer read (a bar's update)
         self._warned: set[str] = set()
         self._catalog: Catalog | None = None
         self._converter: BatchConverter | None = None  # derived from the catalog; not pickled
@@ -171,7 +172,7 @@ class ParquetStream(PlannedStream):
                     "ds.catalog) before iterating, or iterate with ss.StreamLoader, which does it"
                 )
             catalog = Catalog.build(self.paths, self.columns, self.storage_options, cache_dir=self.catalog_cache,
-                                    cast=self.cast)
+                                    cast=self.cast, progress=self.catalog_progress)
             self._converter = self._make_converter(catalog)
             self._catalog = catalog
         return self._catalog

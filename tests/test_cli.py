@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import io
 import json
+import re
 import os
 import pty
 import struct
@@ -294,6 +295,15 @@ def test_progress_is_a_bar_on_a_terminal_and_nothing_in_a_pipe_or_with_quiet(cor
     code, out, err = run_subprocess(command, corpus, "--json", "--quiet", stderr_on="terminal")
     assert code == 0 and err == ""
     assert json.loads(out)["rows"] == sum(map(sum, LAYOUT))
+
+
+def test_reading_the_footers_shows_progress_on_a_terminal_for_plan_and_bench(corpus):
+    files = len(LAYOUT)
+    for argv in (("plan", corpus, "--world-size", "2", "--num-workers", "1", "--json"), ("bench", corpus, "--json")):
+        code, out, err = run_subprocess(*argv, stderr_on="terminal")
+        assert code == 0 and re.search(rf"catalog: {files}(\.00)?footers", err), err[-300:]  # every footer counted
+        code, out, err = run_subprocess(*argv, stderr_on="pipe")
+        assert code == 0 and err == "" and json.loads(out)["rows"] == sum(map(sum, LAYOUT))
 
 
 # -- errors and storage -----------------------------------------------------------------------

@@ -33,7 +33,10 @@ def run_bench(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
         rank=0, world_size=1, read_ahead=args.read_ahead,
     )
     ds.stats_hook = _WorkerTimes(stats)
-    ds.set_epoch(0)  # reads the footers once here, so the workers inherit the catalog
+    with progress_bar(err, total=None, unit="footers", desc="catalog", quiet=args.quiet) as footers:
+        ds.catalog_progress = footers.update
+        ds.set_epoch(0)  # reads the footers once here, so the workers inherit the catalog
+    ds.catalog_progress = None
     loader = StreamLoader(ds, num_workers=args.num_workers)
     rows = batches = nbytes = 0
     stopped_early = False

@@ -114,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--epoch", type=_non_negative, default=0)
     plan.add_argument("--uneven", choices=UNEVEN_POLICIES, default="pad")
     plan.add_argument("--show", type=_non_negative, default=8, help="workers listed before summarising (default 8)")
+    _quiet(plan)
     plan.set_defaults(run=run_plan, render=render_plan)
 
     bench = sub.add_parser("bench", help="stream one epoch through ParquetStream + StreamLoader and time it")

@@ -14,11 +14,13 @@ import numpy as np
 from ..catalog import Catalog
 from ..plan import UNEVEN_POLICIES, EpochPlan, PlanConfig
 from .inspect import spread
+from .progress import progress_bar
 
 
 def run_plan(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
     """Each global worker's rows, batches and padding for the epoch, under both uneven policies."""
-    catalog = Catalog.build(args.urls, args.columns, args.storage_options)
+    with progress_bar(err, total=None, unit="footers", desc="catalog", quiet=args.quiet) as footers:
+        catalog = Catalog.build(args.urls, args.columns, args.storage_options, progress=footers.update)
     workers = args.world_size * max(args.num_workers, 1)
     plans = {
         policy: EpochPlan(
