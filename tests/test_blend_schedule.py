@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamshard import blend_schedule
+from streamshard import blend_export
 from streamshard.blend_schedule import MAX_SAMPLES, BlendSchedule, blend_counts
 
 HUGE = 2 * 10**12
@@ -289,7 +289,7 @@ def test_export_equals_the_walk_down_across_superchunks_windows_and_runs(
     stop = data.draw(st.integers(start, min(n, start + 20_000)))
     with pytest.MonkeyPatch.context() as tiny:  # tiny tiles: small schedules cross every boundary
         for name, value in (("_SUPER", 1 << 12), ("_WINDOW", 1 << 9), ("_RUN", 1 << 10), ("_CLUSTER", 4)):
-            tiny.setattr(blend_schedule, name, value)
+            tiny.setattr(blend_export, name, value)
         sched = BlendSchedule(weights, n)
         corpus, index = sched.export_megatron(range(start, stop))
     c, i = sched.lookup(np.arange(start, stop)[::-1])  # descending: walks down, not the export's path
@@ -300,7 +300,7 @@ def test_export_equals_the_walk_down_across_superchunks_windows_and_runs(
 
 def test_export_at_full_tile_sizes_agrees_with_lookup_and_prefix_counts() -> None:
     sched = BlendSchedule(np.random.default_rng(11).random(1000), 2 * 10**9)
-    start, stop = 123_456_789, 123_456_789 + 2 * blend_schedule._SUPER + 54_321  # three superchunks
+    start, stop = 123_456_789, 123_456_789 + 2 * blend_export._SUPER + 54_321  # three superchunks
     corpus, index = sched.export_megatron(range(start, stop))
     probe = np.unique(np.random.default_rng(12).integers(start, stop, 100_000))[::-1]
     c, i = sched.lookup(probe)

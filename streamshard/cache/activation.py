@@ -50,7 +50,7 @@ import torch
 from ..validate import check_int
 from .directory import CacheFiles, DirectoryLock, RecordSpec, key_digest, open_disk, read_meta, wipe_files
 from .disk import DiskTier
-from .errors import CacheError, CacheLockedError, CacheWarning, RecordSpecError
+from .errors import CacheError, CacheWarning, RecordSpecError
 from .host import HostTier
 
 __all__ = ["ActivationCache", "CacheStats", "module_fingerprint"]
