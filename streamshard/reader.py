@@ -20,12 +20,9 @@ on async backends the retry deadline also cuts off a request in flight.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import threading
 import time
-from collections import OrderedDict
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -36,7 +33,8 @@ from fsspec.utils import merge_offset_ranges
 
 from .errors import ReadError
 from .footer import FooterError, chunk_ranges, parse_footer, tail_range
-from .retry import RetriesExhausted, RetryPolicy, TransientError, call_within, describe, is_transient
+from .reader_parts import _FooterCache, _Handles, _Once, _SparseFile
+from .retry import RetriesExhausted, RetryPolicy, TransientError, call_within, describe
 from .storage import FileSystems, check_short_read, file_change, is_async, timeout_kw
 
 log = logging.getLogger("streamshard")
@@ -362,178 +360,3 @@ class RowGroupReader:
         versions = self._versions or [""] * len(self.urls)
         change = file_change(info, self.sizes[file_index], versions[file_index])
         return f" ({change})" if change else ""
-
-
-class _FooterCache:
-    """Parsed footers by file (LRU), fetched once even when several threads want the same file.
-
-    A file whose footer could not be fetched (permanent error, or retries exhausted) is
-    remembered, so the other pieces of that file fail at once instead of retrying again.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = max(1, capacity)
-        self._done: OrderedDict[int, pq.FileMetaData] = OrderedDict()
-        self._pending: dict[int, Future[pq.FileMetaData]] = {}
-        self._failed: dict[int, BaseException] = {}
-        self._lock = threading.Lock()
-
-    def get_or_claim(self, key: int) -> tuple[pq.FileMetaData | None, bool]:
-        """``(metadata, False)`` if cached; ``(None, True)``: caller must fetch it; ``(None, False)``: wait."""
-        with self._lock:
-            if key in self._done:
-                self._done.move_to_end(key)
-                return self._done[key], False
-            if key in self._pending:
-                return None, False
-            if key in self._failed:  # this file's footer failed for good: fail at once, not again
-                raise self._failed[key]
-            self._pending[key] = Future()
-            return None, True
-
-    def wait(self, key: int) -> pq.FileMetaData | None:
-        """The footer another thread is fetching; None if it was already evicted again."""
-        with self._lock:
-            if key in self._done:
-                return self._done[key]
-            future = self._pending.get(key)
-        return None if future is None else future.result()
-
-    def put(self, key: int, metadata: pq.FileMetaData) -> None:
-        with self._lock:
-            self._done[key] = metadata
-            while len(self._done) > self.capacity:
-                self._done.popitem(last=False)
-            future = self._pending.pop(key)
-        future.set_result(metadata)
-
-    def fail(self, key: int, exc: BaseException) -> None:
-        with self._lock:
-            future = self._pending.pop(key, None)
-            if isinstance(exc, (ReadError, RetriesExhausted)) or not is_transient(exc):
-                self._failed[key] = exc
-        if future is not None:
-            future.set_exception(exc)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._done.clear()
-            self._failed.clear()
-
-
-class _Once:
-    """Runs a check once per key however many threads ask at once; a failure is remembered and raised again."""
-
-    def __init__(self) -> None:
-        self._futures: dict[int, Future[None]] = {}
-        self._lock = threading.Lock()
-
-    def run(self, key: int, check: Callable[[], None]) -> None:
-        with self._lock:
-            future = self._futures.get(key)
-            owner = future is None
-            if owner:
-                future = self._futures[key] = Future()
-        assert future is not None
-        if not owner:
-            future.result()
-            return
-        try:
-            check()
-        except BaseException as exc:
-            future.set_exception(exc)
-            raise
-        future.set_result(None)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._futures.clear()
-
-
-class _Handles:
-    """Open handles of a synchronous filesystem, one per file (LRU), reads serialised per reader."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = max(1, capacity)
-        self._open: OrderedDict[int, Any] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def read(self, key: int, fs: Any, path: str, size: int, ranges: list[Range],
-             check: Callable[[], None] | None = None) -> list[Any]:
-        """The bytes of ``ranges`` (or the exception of each failed one); ``check()`` runs on every open."""
-        with self._lock:
-            handle = self._open.get(key)
-            if handle is None:
-                # No fsspec read-ahead cache: exactly the bytes asked for are read.
-                handle = fs.open(path, "rb", cache_type="none", size=size)
-                if check is not None:
-                    try:  # the file as opened must be the file cataloged (checked after opening: no gap)
-                        check()
-                    except BaseException:
-                        handle.close()
-                        raise
-                self._open[key] = handle
-                while len(self._open) > self.capacity:
-                    self._open.popitem(last=False)[1].close()
-            self._open.move_to_end(key)
-            out: list[Any] = []
-            for start, end in ranges:
-                try:
-                    handle.seek(start)
-                    out.append(handle.read(end - start))
-                except Exception as exc:  # noqa: BLE001 - reported per range, classified by the caller
-                    out.append(exc)
-            return out
-
-    def close(self) -> None:
-        with self._lock:
-            for handle in self._open.values():
-                handle.close()
-            self._open.clear()
-
-
-class _SparseFile:
-    """A read-only file of ``size`` bytes of which only some ranges are held; pyarrow reads from it.
-
-    A read outside the held ranges (an old writer's padding, a wrong range) is fetched on demand
-    through ``miss``, so decoding stays correct; the reader counts such misses.
-    """
-
-    def __init__(self, size: int, parts: list[tuple[int, bytes]], miss: Callable[[int, int], bytes]) -> None:
-        self.size, self._parts, self._miss = size, parts, miss
-        self._starts = [start for start, _ in parts]
-        self.pos = 0
-        self.closed = False
-
-    def read(self, n: int = -1) -> Any:
-        n = self.size - self.pos if n is None or n < 0 else min(n, self.size - self.pos)
-        if n <= 0:
-            return b""
-        i = bisect.bisect_right(self._starts, self.pos) - 1
-        start, end = self.pos, self.pos + n
-        self.pos = end
-        if i >= 0:
-            part_start, data = self._parts[i]
-            if end <= part_start + len(data):
-                return memoryview(data)[start - part_start : end - part_start]
-        return self._miss(start, end)
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        self.pos = offset if whence == 0 else self.pos + offset if whence == 1 else self.size + offset
-        return self.pos
-
-    def tell(self) -> int:
-        return self.pos
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def writable(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        self.closed = True
-
