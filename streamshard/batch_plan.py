@@ -121,7 +121,8 @@ class StreamSchedule(Schedule):
         rg = self.pieces.rg[piece]
         row = self.plan.rows_at(rg, position)
         keys = _first_use(piece)
-        done = tuple(np.flatnonzero(self.piece_last_batch == index).tolist())
+        # Pieces end in window order, so their last batches never decrease.
+        done = tuple(range(*np.searchsorted(self.piece_last_batch, [index, index + 1]).tolist()))
         reads = {k: Read(0, int(self.pieces.rg[k])) for k in keys}
         sample_id = self.plan.layout.rg_first_id[rg] + row
         padding = 0 if bs is None else bs - (end - begin)
@@ -231,8 +232,9 @@ class PieceBatches(Schedule):
             rgs.append(part.rg[piece])
         key, position, rg = (np.concatenate(x) for x in (keys, positions, rgs))
         row = self.plan.rows_at(rg, position)
-        rg_of_key = dict(zip(key.tolist(), rg.tolist()))
-        reads = {k: Read(0, rg_of_key[k]) for k in _first_use(key)}
+        keys, first = np.unique(key, return_index=True)
+        order = np.argsort(first)  # keys in order of first use
+        reads = {int(k): Read(0, int(g)) for k, g in zip(keys[order], rg[first[order]])}
         done = tuple(np.flatnonzero(self.piece_last_batch == index).tolist())
         return BatchSpec(index, reads, key, row, self.plan.layout.rg_first_id[rg] + row,
                          self.batch_size - len(row), done)

@@ -174,15 +174,17 @@ class BlendBatches(Schedule):
             order = self.corpora[k]
             samples = self.blend.epoch * int(self.blend.counts[k]) + blend_index[mask]
             epoch, rg, rows = order.locate(samples)
-            ids = []
-            for e, g in zip(epoch.tolist(), rg.tolist()):
-                ids.append(self._keys.setdefault((k, e, g), len(self._keys)))
-            key[mask] = ids
+            # One key per (corpus, corpus epoch, row group): a Python step per distinct read, not per row.
+            pairs, inverse = np.unique(np.stack([epoch, rg]), axis=1, return_inverse=True)
+            ids = np.array([self._keys.setdefault((k, int(e), int(g)), len(self._keys)) for e, g in pairs.T],
+                           dtype=np.int64)
+            key[mask] = ids[inverse.reshape(-1)]
             row[mask] = rows
             sample_id[mask] = order.layout.rg_first_id[rg] + rows
-            for kid, g in zip(ids, rg.tolist()):
-                reads.setdefault(kid, Read(k, g))
-        first_use = sorted(reads, key=lambda kid: int(np.argmax(key == kid)))
+            for kid, g in zip(ids.tolist(), pairs[1].tolist()):
+                reads[kid] = Read(k, g)
+        keys, first = np.unique(key, return_index=True)
+        first_use = keys[np.argsort(first)].tolist()
         return BatchSpec(index, {kid: reads[kid] for kid in first_use}, key, row, sample_id, spec.padding,
                          corpus=corpus)
 

@@ -68,7 +68,7 @@ class SlotPool:
         return out
 
     def _free_slot(self, need: int) -> int | None:
-        free = [s for s in range(MAX_SLOTS) if int(self.leases[self.worker_id, s]) == 0]
+        free = [s for s, busy in enumerate(self.leases[self.worker_id].tolist()) if not busy]
         if not free:
             return None
         for s in free:

@@ -132,7 +132,7 @@ class PackedStream(PlannedStream):
         catalog = self.source.catalog
         self.tokens  # noqa: B018 - counted in the main process when set_epoch was called there
         assert self._dtypes is not None
-        reader = self._reader()
+        reader = RowGroupReader.from_catalog(catalog, self.source.storage_options, columns=self.columns)
         documents = EpochPlan(catalog.layout, self.source.config, self.epoch, 1)  # the source's row order
         first_id = catalog.layout.rg_first_id
         dtypes = self._dtypes
@@ -150,17 +150,6 @@ class PackedStream(PlannedStream):
                 yield batch if self.transform is None else self.transform(batch)
         finally:
             reader.close()
-
-    def _reader(self) -> RowGroupReader:
-        """A reader of the packed columns only (their byte ranges from the catalog)."""
-        catalog = self.source.catalog
-        index = [catalog.columns.index(c) for c in self.columns]
-        layout: dict[str, Any] = {}
-        if catalog.rg_ranges is not None:
-            layout = dict(footer_lengths=catalog.footer_lengths, rg_ranges=catalog.rg_ranges[:, index, :],
-                          file_first_rg=catalog.file_first_rg)
-        return RowGroupReader(catalog.urls, catalog.file_sizes, self.columns, self.source.storage_options,
-                              versions=catalog.versions or None, **layout)
 
     def _token_group(self, reader: RowGroupReader, rg: int, documents: EpochPlan) -> TokenGroup:
         catalog = self.source.catalog

@@ -118,18 +118,22 @@ class RowGroupReader:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_catalog(cls, catalog: Any, storage_options: dict[str, Any] | None = None, **kwargs: Any) -> "RowGroupReader":
-        """A reader of ``catalog``'s files and columns that uses its byte ranges (no footer round trip)
-        and refuses files whose version changed since (``versions=None`` turns that check off)."""
+    def from_catalog(cls, catalog: Any, storage_options: dict[str, Any] | None = None,
+                     columns: Sequence[str] | None = None, **kwargs: Any) -> "RowGroupReader":
+        """A reader of ``catalog``'s files and columns (or the subset ``columns``) that uses its byte
+        ranges (no footer round trip) and refuses files whose version changed since
+        (``versions=None`` turns that check off)."""
         kwargs.setdefault("versions", getattr(catalog, "versions", None) or None)
+        columns = list(catalog.columns if columns is None else columns)
         layout: dict[str, Any] = {}
         if getattr(catalog, "rg_ranges", None) is not None:
+            index = [catalog.columns.index(c) for c in columns]
             layout = dict(
                 footer_lengths=catalog.footer_lengths,
-                rg_ranges=catalog.rg_ranges,
+                rg_ranges=catalog.rg_ranges[:, index, :],
                 file_first_rg=catalog.file_first_rg,
             )
-        return cls(catalog.urls, catalog.file_sizes, catalog.columns, storage_options, **layout, **kwargs)
+        return cls(catalog.urls, catalog.file_sizes, columns, storage_options, **layout, **kwargs)
 
     # -- public --------------------------------------------------------------------------------
     def read(self, file_index: int, row_group: int) -> pa.Table:

@@ -100,8 +100,7 @@ class Planner:
                 skip = worker_batches_delivered(before, num_workers, role)
             return Start(plan.schedule(plan.owned(rank, role)), skip, role, history)
         if pinned is None:
-            full = history + ([Segment(world_size, num_workers, before)] if before else [])
-            epoch_plan, before = resume_plan(self.layout, self.config, epoch, full, world_size, num_workers)
+            epoch_plan, before = self._stream_plan(epoch, history, before, world_size, num_workers)
             # A restarted loader starts its round robin at worker 0, where the uninterrupted run would
             # continue at worker `before % n`: worker w takes over the role of that one.
             role = (worker_id + before) % n
@@ -118,9 +117,14 @@ class Planner:
         if self.partitions is not None:
             plan = CanonicalPlan(self.layout, self.config, epoch, self.partitions, world_size, num_workers)
             return max(plan.steps * n - before - sum(s.batches for s in history), 0)
-        full = history + ([Segment(world_size, num_workers, before)] if before else [])
-        epoch_plan, before = resume_plan(self.layout, self.config, epoch, full, world_size, num_workers)
+        epoch_plan, before = self._stream_plan(epoch, history, before, world_size, num_workers)
         return epoch_plan.steps * n - before
+
+    def _stream_plan(self, epoch: int, history: list[Segment], before: int, world_size: int,
+                     num_workers: int) -> tuple[EpochPlan, int]:
+        """The plan of the current topology after ``history``, and the batches per rank it already delivered."""
+        full = history + ([Segment(world_size, num_workers, before)] if before else [])
+        return resume_plan(self.layout, self.config, epoch, full, world_size, num_workers)
 
     def check(self, position: Position) -> None:
         """Refuse a position whose counts do not fit this dataset (``StateError`` naming the segment)."""
