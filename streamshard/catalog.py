@@ -34,7 +34,7 @@ from .errors import CatalogError
 from .plan import Layout
 from .schema import parse_cast, unify
 from .state import catalog_digest
-from .footer import FooterError, chunk_ranges, parse_footer, tail_range
+from .footer import FooterError, chunk_ranges, leaf_values, parse_footer, tail_range
 from .retry import RetriesExhausted, RetryPolicy, call_within, describe
 from .storage import FileSystems, check_short_read, file_version, timeout_kw
 
@@ -65,6 +65,7 @@ class Catalog:
     footer_lengths: np.ndarray | None = None  # int64 per file
     rg_ranges: np.ndarray | None = None  # int64 (row groups, columns, 2)
     versions: tuple[str, ...] = ()  # per file, as listed
+    rg_values: np.ndarray | None = None  # int64 (row groups, columns): non-null leaf values, -1 unknown
     file_first_rg: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -187,6 +188,10 @@ class Catalog:
             width = len(schema)
             parts = [f.ranges.reshape(len(f.row_group_rows), width, 2) for f in footers]
             ranges = np.concatenate(parts) if parts else np.zeros((0, width, 2), np.int64)
+        values = None
+        if all(f.values is not None for f in footers):
+            values = np.concatenate([f.values.reshape(len(f.row_group_rows), len(schema)) for f in footers]) \
+                if footers else None
         return cls(
             urls=tuple(f.url for f in footers),
             file_sizes=np.array([f.size for f in footers], dtype=np.int64),
@@ -197,6 +202,7 @@ class Catalog:
             footer_lengths=np.array([f.footer_length for f in footers], dtype=np.int64) if has_ranges else None,
             rg_ranges=ranges,
             versions=tuple(f.version for f in footers),
+            rg_values=values,
         )
 
 
@@ -439,6 +445,7 @@ def read_footer(
     return FileFooter(
         url, size, rows, schema, _columns_maybe_null(metadata, schema),
         footer_length=footer_length, ranges=chunk_ranges(metadata, schema.names), version=version,
+        values=leaf_values(metadata, schema.names),
     )
 
 

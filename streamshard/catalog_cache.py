@@ -31,7 +31,7 @@ from .catalog_records import FileEntry, FileFooter
 
 log = logging.getLogger("streamshard")
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: leaf value counts per column chunk
 
 
 def footer_to_dict(footer: FileFooter) -> dict[str, Any]:
@@ -47,6 +47,7 @@ def footer_to_dict(footer: FileFooter) -> dict[str, Any]:
         "ranges": [int(x) for x in ranges.ravel()],
         "schema": base64.b64encode(footer.schema.serialize().to_pybytes()).decode("ascii"),
         "maybe_null": sorted(footer.maybe_null),
+        "values": [] if footer.values is None else [int(x) for x in footer.values.ravel()],
     }
 
 
@@ -63,6 +64,7 @@ def footer_from_dict(data: dict[str, Any]) -> FileFooter:
         footer_length=int(data["footer_length"]),
         ranges=ranges,
         version=data["version"],
+        values=np.array(data["values"], dtype=np.int64).reshape(len(data["rows"]), -1) if data["values"] else None,
     )
 
 
@@ -127,7 +129,8 @@ class CatalogCache:
 
 
 _MAX_ROWS = 1 << 48  # far above any real row group; keeps sums of row counts inside int64
-_KEYS = {"url", "size", "version", "footer_length", "rows", "ranges_shape", "ranges", "schema", "maybe_null"}
+_KEYS = {"url", "size", "version", "footer_length", "rows", "ranges_shape", "ranges", "schema", "maybe_null",
+         "values"}
 
 
 def check_entry(entry: Any, file: FileEntry, columns: Sequence[str] | None) -> str | None:
@@ -163,6 +166,10 @@ def check_entry(entry: Any, file: FileEntry, columns: Sequence[str] | None) -> s
     maybe_null = entry["maybe_null"]
     if not isinstance(maybe_null, list) or not all(isinstance(m, str) and m in schema.names for m in maybe_null):
         return "maybe_null is not a list of the schema's column names"
+    values = entry["values"]
+    if not isinstance(values, list) or len(values) not in (0, len(rows) * len(schema)) or not all(
+            _is_int(v) and v >= -1 for v in values):
+        return "values is not a list of leaf counts (>= -1), one per row group and column"
     return None
 
 

@@ -36,3 +36,6 @@ class FileFooter:
     footer_length: int = 0  # the Thrift footer's length (the 8 bytes after it are not counted)
     ranges: np.ndarray | None = None  # int64 (row groups, projected columns, 2): [start, end)
     version: str = ""  # ETag / mtime the listing reported ('' if none)
+    # int64 (row groups, projected columns): non-null leaf values of each single-leaf column chunk
+    # (a list column's tokens), -1 where the column has several leaves or no null count
+    values: np.ndarray | None = None

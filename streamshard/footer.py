@@ -89,6 +89,24 @@ def chunk_ranges(metadata: pq.FileMetaData, names: Sequence[str]) -> np.ndarray:
     return out
 
 
+def leaf_values(metadata: pq.FileMetaData, names: Sequence[str]) -> np.ndarray:
+    """int64 array ``(row_groups, len(names))``: non-null leaf values of each single-leaf column chunk
+    (for a list column, its elements: empty and null lists count as nulls at the leaf level), or -1
+    where the column has several leaves or the writer kept no null count."""
+    leaves = column_leaves(metadata, names)
+    out = np.full((metadata.num_row_groups, len(names)), -1, dtype=np.int64)
+    for rg in range(metadata.num_row_groups):
+        group = metadata.row_group(rg)
+        for c, indices in enumerate(leaves):
+            if len(indices) != 1:
+                continue
+            chunk = group.column(indices[0])
+            stats = chunk.statistics
+            if stats is not None and stats.has_null_count:
+                out[rg, c] = chunk.num_values - stats.null_count
+    return out
+
+
 def _chunk_start(chunk: pq.ColumnChunkMetaData) -> int:
     # As pyarrow computes it: the dictionary page when it precedes the first data page.
     start = chunk.data_page_offset

@@ -7,7 +7,6 @@ of every stream (``stream_base.py``), so ``StreamLoader`` resumes it on any topo
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -27,7 +26,6 @@ from .stream_base import PlannedStream
 from .tensors import Batch
 from .validate import check_int
 
-_FOOTER_THREADS = 16
 
 
 class PackedStream(PlannedStream):
@@ -92,18 +90,7 @@ class PackedStream(PlannedStream):
         if self._tokens is None:
             catalog = self.source.catalog
             self._dtypes = self._check_columns(catalog.schema)
-            reader = RowGroupReader.from_catalog(catalog, self.source.storage_options)
-            try:
-                def count(f: int) -> np.ndarray:
-                    return token_counts(reader.footer(f), self.column, catalog.urls[f])
-                with ThreadPoolExecutor(min(_FOOTER_THREADS, max(1, catalog.num_files))) as pool:
-                    parts = list(pool.map(count, range(catalog.num_files)))
-            finally:
-                reader.close()
-            tokens = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-            if len(tokens) != catalog.num_row_groups:
-                raise ReadError("the footers list other row groups than the catalog: did the files change?")
-            self._tokens = tokens
+            self._tokens = token_counts(catalog, self.column)
         return self._tokens
 
     @property

@@ -12,36 +12,29 @@ sequence, batch, worker or checkpoint boundary is continued, never lost or repea
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from .batch_plan import BatchSpec
 from .errors import CatalogError
 
 
-def leaf_column(metadata: pq.FileMetaData, column: str, where: str) -> int:
-    """Index of the one leaf of list column ``column`` in a Parquet footer."""
-    leaves = [i for i in range(metadata.num_columns)
-              if metadata.schema.column(i).path.split(".")[0] == column]
-    if len(leaves) != 1:
-        raise CatalogError(f"{where}: column {column!r} has {len(leaves)} leaves; packing needs a list of numbers")
-    return leaves[0]
-
-
-def token_counts(metadata: pq.FileMetaData, column: str, where: str) -> np.ndarray:
-    """Tokens per row group of list column ``column``: leaf values minus nulls (empty and null lists
-    are nulls at the leaf level), exact when the writer kept the null counts."""
-    leaf = leaf_column(metadata, column, where)
-    out = np.empty(metadata.num_row_groups, dtype=np.int64)
-    for r in range(metadata.num_row_groups):
-        chunk = metadata.row_group(r).column(leaf)
-        stats = chunk.statistics
-        if stats is None or not stats.has_null_count:
-            raise CatalogError(f"{where}: row group {r} of column {column!r} has no null count in its statistics, so its "
-                               "tokens cannot be counted from the footer; rewrite the file with statistics")
-        out[r] = chunk.num_values - stats.null_count
-    return out
+def token_counts(catalog: Any, column: str) -> np.ndarray:
+    """Tokens per row group of list column ``column``, from the catalog's footer summaries (the list's
+    non-null leaf values: empty and null lists are nulls at the leaf level). A file whose writer kept
+    no null count (or a column of several leaves) is refused by name."""
+    if catalog.rg_values is None:
+        raise CatalogError("this catalog holds no leaf value counts (an old catalog cache?); rebuild it")
+    counts = catalog.rg_values[:, catalog.columns.index(column)]
+    unknown = np.flatnonzero(counts < 0)
+    if unknown.size:
+        rg = int(unknown[0])
+        raise CatalogError(
+            f"{catalog.urls[int(catalog.rg_file[rg])]}: row group {int(catalog.rg_index[rg])} of column {column!r} "
+            "has no null count in its statistics (or several leaves), so its tokens cannot be counted from the "
+            "footer; rewrite the file with statistics")
+    return counts.astype(np.int64)
 
 
 @dataclass(frozen=True)

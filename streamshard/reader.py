@@ -151,21 +151,6 @@ class RowGroupReader:
             self.stats.read_seconds += time.perf_counter() - started
         return table
 
-    def footer(self, file_index: int) -> pq.FileMetaData:
-        """The parsed footer of one file: fetched once per reader (shared with its row-group reads)."""
-        metadata, owner = self._footers.get_or_claim(file_index)
-        if metadata is not None:
-            return metadata
-        if not owner:
-            return self._footers.wait(file_index) or self._fetch_footer(file_index)
-        try:
-            metadata = self._fetch_footer(file_index)
-        except BaseException as exc:
-            self._footers.fail(file_index, exc)
-            raise
-        self._footers.put(file_index, metadata)
-        return metadata
-
     def close(self) -> None:
         """Close open handles, forget cached footers and version checks (the reader can still be used after)."""
         self._handles.close()

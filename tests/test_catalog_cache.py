@@ -14,6 +14,7 @@ import pytest
 import torch.multiprocessing as mp
 from fsspec.implementations.local import LocalFileSystem
 
+from streamshard.catalog_cache import FORMAT_VERSION
 from streamshard.catalog import Catalog
 from streamshard.errors import CatalogError
 from streamshard.testing import faulty_proxy, write_corpus
@@ -53,7 +54,7 @@ def counted(tmp_path):
 def same_catalog(a: Catalog, b: Catalog) -> bool:
     return (a.urls == b.urls and a.schema.equals(b.schema) and all(
         np.array_equal(getattr(a, f), getattr(b, f))
-        for f in ("file_sizes", "rg_file", "rg_index", "rg_rows", "footer_lengths", "rg_ranges")))
+        for f in ("file_sizes", "rg_file", "rg_index", "rg_rows", "footer_lengths", "rg_ranges", "rg_values")))
 
 
 def test_cache_is_reused_when_nothing_changed(counted):
@@ -66,7 +67,7 @@ def test_cache_is_reused_when_nothing_changed(counted):
     assert same_catalog(first, second)
     (cache_file,) = os.listdir(cache_dir)
     with open(os.path.join(cache_dir, cache_file)) as f:
-        assert json.load(f)["format"] == 1  # plain JSON, nothing executable
+        assert json.load(f)["format"] == FORMAT_VERSION  # plain JSON, nothing executable
 
 
 def test_cache_rereads_only_the_file_that_changed(counted, tmp_path):

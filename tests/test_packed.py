@@ -138,3 +138,14 @@ def test_misuse_is_refused_by_name(corpus, tmp_path):
     with pytest.raises(ss.StateError, match="seq_len="):
         ss.StreamLoader(ss.PackedStream(ss.ParquetStream(path, shuffle=True, seed=3), seq_len=SEQ * 2,
                                         batch_size=BATCH)).load_state_dict(state)
+
+
+def test_a_file_without_null_counts_is_refused_by_name_and_counts_come_from_the_catalog(tmp_path):
+    """Token counts are the catalog's footer summaries (no second footer read); without statistics
+    they cannot be counted, and the file and row group are named."""
+    pq.write_table(pa.table({"input_ids": [[1, 2], [], None, [3]]}), str(tmp_path / "plain.parquet"))
+    pq.write_table(pa.table({"input_ids": [[4, 5, 6]]}), str(tmp_path / "zz-bare.parquet"), write_statistics=False)
+    ds = ss.PackedStream(ss.ParquetStream(str(tmp_path / "plain.parquet")), seq_len=4, batch_size=1)
+    assert ds.num_tokens == 3 and ds.source.catalog.rg_values is not None
+    with pytest.raises(ss.CatalogError, match=r"zz-bare\.parquet: row group 0 of column 'input_ids' has no null count"):
+        ss.PackedStream(ss.ParquetStream(str(tmp_path)), seq_len=4, batch_size=1).set_epoch(0)
