@@ -297,7 +297,12 @@ class StreamLoader:
             yield batch
 
     def _count(self, batches: Iterator[Any]) -> Iterator[Any]:
+        epoch = self._epoch
         for batch in batches:
+            if self._source.epoch != epoch:  # the pass's batches belong to `epoch`: counting them elsewhere lies
+                raise StateError(
+                    f"set_epoch({self._source.epoch}) was called on the dataset while StreamLoader was delivering "
+                    f"epoch {epoch}; call loader.set_epoch() (or the dataset's) between passes, not inside the loop")
             self._consumed += 1
             yield batch
         # The epoch is exhausted: the next pass starts the next one.

@@ -243,3 +243,12 @@ def test_resizing_with_drop_loses_only_what_the_final_topology_drops(skewed_corp
     real = ids[ids >= 0]
     assert len(np.unique(real)) == len(real), "a row delivered twice"
     assert len(real) == total - dropped, f"{total - dropped - len(real)} rows lost beyond what the final topology drops"
+
+
+def test_changing_the_epoch_inside_a_pass_is_refused_not_miscounted(skewed_corpus):
+    ds = make_stream(skewed_corpus)()
+    loader = ss.StreamLoader(ds, num_workers=2)
+    with pytest.raises(ss.StateError, match=r"set_epoch\(1\) was called .* while StreamLoader was delivering epoch 0"):
+        for step, _ in enumerate(loader):
+            if step == 2:
+                ds.set_epoch(1)  # a plausible slip: the epoch bump moved into the loop
