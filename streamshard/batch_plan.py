@@ -25,10 +25,14 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 
 @dataclass(frozen=True)
 class Read:
-    """One decoded row group: row group ``rg`` (catalog index) of corpus ``source`` (0 for one stream)."""
+    """One decoded row group: row group ``rg`` (catalog index) of corpus ``source`` (0 for one stream).
+
+    ``epoch``: the corpus epoch whose row order the read lays out, for reads whose decoded form
+    depends on it (a packed blend's token groups); 0 otherwise."""
 
     source: int
     rg: int
+    epoch: int = 0
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,7 @@ class BatchSpec:
     padding: int
     done: tuple[int, ...] = ()  # keys no later batch of this worker uses
     corpus: np.ndarray | None = field(default=None)  # int64 per real row, for blends
+    slot: np.ndarray | None = field(default=None)  # int64 per real row: its place in the batch (None: in order)
 
     @property
     def rows(self) -> int:
