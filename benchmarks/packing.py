@@ -7,8 +7,10 @@ other in this process, each through ``StreamLoader(num_workers=2)``) it reports,
 * token slots delivered, real tokens, and the padding share of the slots;
 * tokens/s (real tokens over the wall time of all ranks' epochs).
 
-Configurations: ``PackedStream(seq_len=2048, batch_size=4)`` (token-balanced blocks), and the
-unpacked ``ParquetStream(batch_size=4)`` whose batches are ``[4, longest row]`` padded with zeros.
+Configurations: ``PackedStream(seq_len=2048, batch_size=4)`` (token-balanced blocks), the unpacked
+``ParquetStream(batch_size=4)`` whose batches are ``[4, longest row]`` padded with zeros, and a packed
+``BlendedStream`` of that corpus and a second one like it (another 4,000 documents), weighted by their
+sequences so one blend epoch is one epoch of each (every token once; the script checks it).
 
     .venv/bin/python benchmarks/packing.py
 """
@@ -30,6 +32,7 @@ DOCS, FILES, SEQ, BATCH, RANKS, WORKERS = 4_000, 8, 2048, 4, 2, 2
 
 
 def write(directory: str, seed: int = 0) -> int:
+    os.makedirs(directory, exist_ok=True)
     rng = np.random.default_rng(seed)
     lengths = np.clip(rng.lognormal(5.5, 1.2, DOCS), 1, 4096).astype(np.int64)
     cuts = np.sort(rng.choice(np.arange(1, DOCS), FILES - 1, replace=False))
@@ -57,17 +60,27 @@ def run(make) -> dict[str, float]:
 
 
 def main() -> None:
-    with tempfile.TemporaryDirectory() as directory:
-        total = write(directory)
+    with tempfile.TemporaryDirectory() as root:
+        directory, second = os.path.join(root, "a"), os.path.join(root, "b")
+        total, other = write(directory), write(second, seed=1)
 
-        def stream(rank: int, **kwargs) -> ss.ParquetStream:
-            return ss.ParquetStream(directory, shuffle=True, seed=0, rank=rank, world_size=RANKS, **kwargs)
+        def stream(rank: int, path: str = directory, **kwargs) -> ss.ParquetStream:
+            return ss.ParquetStream(path, shuffle=True, seed=0, rank=rank, world_size=RANKS, **kwargs)
+
+        def packed_blend(rank: int) -> ss.PackedStream:
+            weights = {"a": float(-(-total // SEQ)), "b": float(-(-other // SEQ))}  # one epoch of each
+            blend = ss.BlendedStream({"a": stream(rank), "b": stream(rank, second)}, weights, batch_size=BATCH,
+                                     order="shuffled")
+            return ss.PackedStream(blend, seq_len=SEQ, batch_size=BATCH)
 
         cases = {
             f"PackedStream(seq_len={SEQ}, batch_size={BATCH})":
                 lambda r: ss.PackedStream(stream(r), seq_len=SEQ, batch_size=BATCH),
             f"ParquetStream(batch_size={BATCH}), padded [B, longest]": lambda r: stream(r, batch_size=BATCH),
+            "PackedStream(BlendedStream(a, b)), 2 corpora": packed_blend,
         }
+        expected = {name: total for name in cases}
+        expected["PackedStream(BlendedStream(a, b)), 2 corpora"] = total + other
         results = {name: run(make) for name, make in cases.items()}
         for name, make in cases.items():  # a second round, interleaved: report the faster of the two
             again = run(make)
@@ -77,7 +90,7 @@ def main() -> None:
     print(f"{'configuration':48} {'slots':>11} {'padding':>8} {'tokens/s':>12}")
     for name, r in results.items():
         print(f"{name:48} {r['slots']:11,} {r['padding_share']:8.2%} {r['tokens_per_s']:12,.0f}")
-        assert r["tokens"] == total, f"{name}: {r['tokens']} tokens delivered, {total} in the corpus"
+        assert r["tokens"] == expected[name], f"{name}: {r['tokens']} tokens delivered, {expected[name]} expected"
     os.makedirs(os.path.join(os.path.dirname(__file__), "out"), exist_ok=True)
     with open(os.path.join(os.path.dirname(__file__), "out", "packing.json"), "w") as f:
         json.dump({"tokens": total, "results": results}, f, indent=2)

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any, Iterator
 
@@ -166,27 +167,34 @@ class BlendBatches(Schedule):
         if not spec.rows:
             return spec
         corpus, blend_index = self.blend.locate(spec.sample_id)
+        samples = self.blend.epoch * self.blend.counts[corpus] + blend_index
+        reads, key, row, sample_id = self.place(corpus, samples)
+        return BatchSpec(index, reads, key, row, sample_id, spec.padding, corpus=corpus)
+
+    def place(self, corpus: np.ndarray, samples: np.ndarray) -> tuple[dict[int, Read], np.ndarray, np.ndarray, np.ndarray]:
+        """Where each corpus sample lives: ``(reads in first-use order, read key, row, sample id)`` per sample.
+
+        One key per (corpus, corpus epoch, row group), stable over the pass: a Python step per
+        distinct read, not per row."""
         n = len(corpus)
         key, row, sample_id = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
         reads: dict[int, Read] = {}
         for k in np.unique(corpus).tolist():
             mask = corpus == k
             order = self.corpora[k]
-            samples = self.blend.epoch * int(self.blend.counts[k]) + blend_index[mask]
-            epoch, rg, rows = order.locate(samples)
-            # One key per (corpus, corpus epoch, row group): a Python step per distinct read, not per row.
-            pairs, inverse = np.unique(np.stack([epoch, rg]), axis=1, return_inverse=True)
-            ids = np.array([self._keys.setdefault((k, int(e), int(g)), len(self._keys)) for e, g in pairs.T],
-                           dtype=np.int64)
+            epoch, rg, rows = order.locate(samples[mask])
+            groups = len(order.layout.rg_rows)
+            pairs, inverse = np.unique(epoch * groups + rg, return_inverse=True)  # (corpus epoch, row group)
+            pair_epoch, pair_rg = np.divmod(pairs, groups)
+            ids = np.array([self._keys.setdefault((k, e, g), len(self._keys))
+                            for e, g in zip(pair_epoch.tolist(), pair_rg.tolist())], dtype=np.int64)
             key[mask] = ids[inverse.reshape(-1)]
             row[mask] = rows
             sample_id[mask] = order.layout.rg_first_id[rg] + rows
-            for kid, g in zip(ids.tolist(), pairs[1].tolist()):
-                reads[kid] = Read(k, g)
+            for kid, e, g in zip(ids.tolist(), pair_epoch.tolist(), pair_rg.tolist()):
+                reads[kid] = Read(k, g, e)
         keys, first = np.unique(key, return_index=True)
-        first_use = keys[np.argsort(first)].tolist()
-        return BatchSpec(index, {kid: reads[kid] for kid in first_use}, key, row, sample_id, spec.padding,
-                         corpus=corpus)
+        return {kid: reads[kid] for kid in keys[np.argsort(first)].tolist()}, key, row, sample_id
 
     def batches(self, start: int = 0) -> Iterator[BatchSpec]:
         """Specs in order, each naming the reads no later batch needs: a corpus is read in order, so a
@@ -201,8 +209,7 @@ class BlendBatches(Schedule):
             for source, kids in used.items():
                 done.extend(open_reads.get(source, set()) - kids)
                 open_reads[source] = kids
-            yield BatchSpec(spec.index, spec.reads, spec.read, spec.row, spec.sample_id, spec.padding,
-                            tuple(sorted(set(done))), spec.corpus)
+            yield replace(spec, done=tuple(sorted(set(done))))
 
     def shape_donor(self) -> BatchSpec | None:
         if self.real_batches > 0:

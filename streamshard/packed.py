@@ -2,7 +2,8 @@
 
 The plan is the stream plan with tokens as rows (``packing_plan.py``): blocks balanced by tokens, so
 padding is only each worker's last batch; every token exactly once per epoch; the checkpoint contract
-of every stream (``stream_base.py``), so ``StreamLoader`` resumes it on any topology.
+of every stream (``stream_base.py``), so ``StreamLoader`` resumes it on any topology. A blend is
+packed corpus by corpus and blends sequences, planned like a blend's positions (``PackedBlendBatches``).
 """
 
 from __future__ import annotations
@@ -14,11 +15,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from .batch_plan import BatchSpec, Read
+from .batch_plan import BatchSpec, Read, Schedule, StreamSchedule
+from .blend import BlendedStream
+from .blend_plan import BlendMap, CorpusOrder, blend_length, position_config, position_layout
+from .blend_schedule import blend_counts
 from .dataset import ParquetStream
-from .delivery import DeliveryStats, deliver
+from .delivery import deliver
 from .errors import ConversionError, ReadError
-from .packing_plan import TokenGroup, pack, segment_bounds, token_counts, token_group
+from .packing_plan import PackedBlendBatches, TokenGroup, pack, segment_bounds, token_counts, token_group
 from .plan import EpochPlan, Layout, PlanConfig
 from .reader import RowGroupReader
 from .resume import Planner, Start
@@ -29,13 +33,15 @@ from .validate import check_int
 
 
 class PackedStream(PlannedStream):
-    """Pack the documents of ``source`` (a tokenized ``ParquetStream``) into fixed-length sequences.
+    """Pack the documents of ``source`` (a tokenized ``ParquetStream`` or ``BlendedStream``) into
+    fixed-length sequences.
 
     Each batch holds ``batch_size`` sequences of ``seq_len`` tokens::
 
         batch["input_ids"]     # [B, L], the column's dtype: documents laid end to end
         batch["position_ids"]  # int64 [B, L]: position inside the document's fragment in this sequence
         batch["sample_id"]     # int64 [B, L]: the source row of each token; -1 = padding token
+        batch["corpus"]        # int64 [B, L], blends only: the corpus of each token; -1 = padding
 
     A document longer than what is left of a sequence continues in the next sequence (the next
     batch, or another worker's first one); its positions restart at 0 there, and ``sample_id``
@@ -43,14 +49,23 @@ class PackedStream(PlannedStream):
     for varlen attention. Every token of every document is delivered exactly once per epoch over
     all ranks and workers; work is balanced by tokens, so only each worker's last batch pads.
 
-    From ``source`` the pack uses its catalog (paths, storage options), ``unit``, ``shuffle``,
-    ``seed`` (documents are shuffled within each row group and row groups or files in the stream,
-    as for the source), ``read_ahead`` and its rank/world size; its ``batch_size``,
-    ``shuffle_window``, ``uneven`` and ``transform`` do not apply, and columns other than the
-    packed ones are not read.
+    From a ``ParquetStream`` the pack uses its catalog (paths, storage options), ``unit``,
+    ``shuffle``, ``seed`` (documents are shuffled within each row group and row groups or files in
+    the stream, as for the source), ``read_ahead`` and its rank/world size; its ``batch_size``,
+    ``shuffle_window``, ``uneven`` and ``transform`` do not apply, and columns other than the packed
+    ones are not read.
+
+    From a ``BlendedStream`` it uses the weights, ``stop``, ``order``, ``seed`` and topology, and
+    blends *sequences*: each corpus's epoch is packed on its own (its documents as above) into
+    ``ceil(tokens / seq_len)`` sequences, the last one padded in place, and the blend's weights and
+    exact per-corpus counts (:meth:`counts`) apply to those sequences, i.e. to tokens. Every
+    sequence holds one corpus's tokens. An explicit ``num_samples`` of the blend counts sequences;
+    the blend's ``batch_size`` and ``transform`` do not apply.
+    (Documents cannot be the blended unit here: equal steps need each worker's token count before
+    reading, and the footers give tokens per row group, not per document.)
 
     Args:
-        source: the ``ParquetStream`` to pack (a ``BlendedStream`` is not supported yet).
+        source: the ``ParquetStream`` or ``BlendedStream`` to pack.
         column: the list-of-integers column holding the tokens.
         seq_len, batch_size: the shape of a batch.
         columns: more list columns to pack alongside, row by row of the same length as ``column``
@@ -58,12 +73,12 @@ class PackedStream(PlannedStream):
         transform: called on each batch inside the worker.
     """
 
-    def __init__(self, source: ParquetStream, column: str = "input_ids", seq_len: int = 2048, batch_size: int = 8,
-                 columns: Sequence[str] = (), transform: Callable[[Batch], Any] | None = None) -> None:
+    def __init__(self, source: ParquetStream | BlendedStream, column: str = "input_ids", seq_len: int = 2048,
+                 batch_size: int = 8, columns: Sequence[str] = (),
+                 transform: Callable[[Batch], Any] | None = None) -> None:
         super().__init__()
-        if not isinstance(source, ParquetStream):
-            raise ValueError(f"PackedStream packs a ParquetStream; got {type(source).__name__} "
-                             "(packing a BlendedStream is not supported yet)")
+        if not isinstance(source, (ParquetStream, BlendedStream)):
+            raise ValueError(f"PackedStream packs a ParquetStream or a BlendedStream; got {type(source).__name__}")
         if not isinstance(column, str) or isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
             raise ValueError(f"column must be a column name and columns a list of names, got {column!r}, {columns!r}")
         if column in columns or len(set(columns)) != len(columns):
@@ -71,75 +86,134 @@ class PackedStream(PlannedStream):
         if transform is not None and not callable(transform):
             raise ValueError(f"transform must be callable, got {transform!r}")
         self.source, self.column, self.columns = source, column, [column, *columns]
+        self.blend = source if isinstance(source, BlendedStream) else None
+        self.corpora: list[ParquetStream] = list(source.datasets) if self.blend is not None else [source]
         self.seq_len = check_int(seq_len, "seq_len", 1)
         self.batch_size = check_int(batch_size, "batch_size", 1)
         self.transform = transform
         self.rank, self.world_size = source.rank, source.world_size
-        self._tokens: np.ndarray | None = None  # per row group of the catalog, from the footers
+        self._tokens: list[np.ndarray] | None = None  # per corpus, per row group of its catalog, from the footers
         self._dtypes: dict[str, np.dtype] | None = None
+        self._sequences: int | None = None
 
     # -- what decides the order ----------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch; also reads the footers once here, so DataLoader workers inherit the counts."""
         super().set_epoch(epoch)
-        self.tokens  # noqa: B018
+        self._token_counts()
 
     @property
     def tokens(self) -> np.ndarray:
-        """Tokens of each row group of the source's catalog (int64), read from the footers once."""
-        if self._tokens is None:
-            catalog = self.source.catalog
-            self._dtypes = self._check_columns(catalog.schema)
-            self._tokens = token_counts(catalog, self.column)
-        return self._tokens
-
-    @property
-    def shuffled(self) -> bool:
-        return self.source.config.shuffle
+        """Tokens of each row group of the source's catalog (int64, from the footers); for a blend, of
+        each corpus's catalog one after the other, in the blend's ``names`` order."""
+        return np.concatenate(self._token_counts())
 
     @property
     def num_tokens(self) -> int:
+        """Tokens in one epoch of the source (for a blend: one epoch of each corpus)."""
         return int(self.tokens.sum())
+
+    def counts(self) -> dict[str, int]:
+        """A blend's sequences per corpus in one blend epoch (exact, by weight)."""
+        if self.blend is None:
+            raise TypeError("counts() is for a packed BlendedStream; a packed ParquetStream has one corpus")
+        return dict(zip(self.blend.names, blend_counts(self.blend.weights, self.num_sequences).tolist()))
+
+    @property
+    def num_sequences(self) -> int:
+        """Sequences per epoch: for a blend, the blend's length in sequences (``stop`` applied to each
+        corpus's sequences, or its explicit ``num_samples``); otherwise ``ceil(num_tokens / seq_len)``."""
+        if self._sequences is None:
+            per_corpus = [-(-int(t.sum()) // self.seq_len) for t in self._token_counts()]
+            if self.blend is None:
+                self._sequences = per_corpus[0]
+            else:
+                explicit = self.blend._num_samples
+                n = explicit if explicit is not None else blend_length(self.blend.weights, per_corpus, self.blend.stop)
+                counts = blend_counts(self.blend.weights, n)
+                for name, count, size in zip(self.blend.names, counts.tolist(), per_corpus):
+                    if count and not size:
+                        raise ValueError(f"corpus {name!r} has no tokens in column {self.column!r} but its weight "
+                                         f"gives it {count} of {n} sequences")
+                self._sequences = n
+        return self._sequences
+
+    @property
+    def shuffled(self) -> bool:
+        return self.source.shuffled
 
     @property
     def planner(self) -> Planner:
-        config = self.source.config
-        tokens = PlanConfig(unit=config.unit, shuffle=config.shuffle, seed=config.seed,
-                            batch_size=self.batch_size * self.seq_len, uneven="pad", shuffle_rows=False)
-        return Planner(Layout(self.tokens, self.source.catalog.rg_file), tokens, None)
+        if self.blend is not None:
+            return Planner(position_layout(self.num_sequences), position_config(self.batch_size), None)
+        return Planner(self._token_layout(0), self._token_config(0), None)
 
     def fingerprint(self) -> dict[str, Any]:
-        source = {k: v for k, v in self.source.fingerprint().items()
-                  if k not in ("batch_size", "shuffle_window", "uneven", "columns")}
-        return {**source, "packed_columns": self.columns, "seq_len": self.seq_len, "batch_size": self.batch_size,
-                "tokens": self.num_tokens}
+        def corpus(ds: ParquetStream) -> dict[str, Any]:
+            return {k: v for k, v in ds.fingerprint().items() if k not in ("batch_size", "shuffle_window", "uneven", "columns")}
+
+        packing = {"packed_columns": self.columns, "seq_len": self.seq_len, "batch_size": self.batch_size}
+        if self.blend is None:
+            return {**corpus(self.source), **packing, "tokens": self.num_tokens}
+        blend = self.blend
+        return {"corpora": [{"name": n, **corpus(ds)} for n, ds in zip(blend.names, blend.datasets)],
+                "weights": blend.weights.tolist(), "seed": blend.seed, "stop": blend.stop, "order": blend.order,
+                "num_sequences": self.num_sequences, **packing,
+                "tokens": [int(t.sum()) for t in self._token_counts()]}
+
+    def schedule(self, worker_id: int = 0, num_workers: int = 0) -> Schedule:
+        """The exact batches DataLoader worker ``worker_id`` of this rank delivers in this pass, without reading."""
+        return self._schedule(self._start(worker_id, num_workers))
+
+    def _schedule(self, start: Start) -> Schedule:
+        if self.blend is None:
+            return start.schedule
+        assert isinstance(start.schedule, StreamSchedule)
+        blend = BlendMap(self.blend.weights, self.num_sequences, self.blend.order, self.blend.seed, self.epoch)
+        corpora = [CorpusOrder(self._token_layout(k), self._token_config(k)) for k in range(len(self.corpora))]
+        return PackedBlendBatches(start.schedule, blend, corpora, self.seq_len)
+
+    def _token_layout(self, k: int) -> Layout:
+        return Layout(self._token_counts()[k], self.corpora[k].catalog.rg_file)
+
+    def _token_config(self, k: int) -> PlanConfig:
+        """A corpus's stream order with tokens as rows (documents are ordered inside each token group)."""
+        config = self.corpora[k].config
+        return PlanConfig(unit=config.unit, shuffle=config.shuffle, seed=config.seed,
+                          batch_size=self.batch_size * self.seq_len, uneven="pad", shuffle_rows=False)
 
     # -- iteration ----------------------------------------------------------------------------
     def _deliver(self, start: Start) -> Iterator[Any]:
-        catalog = self.source.catalog
-        self.tokens  # noqa: B018 - counted in the main process when set_epoch was called there
+        self._token_counts()  # counted in the main process when set_epoch was called there
         assert self._dtypes is not None
-        reader = RowGroupReader.from_catalog(catalog, self.source.storage_options, columns=self.columns)
-        documents = EpochPlan(catalog.layout, self.source.config, self.epoch, 1)  # the source's row order
-        first_id = catalog.layout.rg_first_id
         dtypes = self._dtypes
-        stats = DeliveryStats(reader.stats) if self.source.stats_hook is not None else None
+        readers: dict[int, RowGroupReader] = {}
+        documents: dict[tuple[int, int], EpochPlan] = {}
+        first_ids = [ds.catalog.layout.rg_first_id for ds in self.corpora]
 
         def read(what: Read) -> TokenGroup:
-            return self._token_group(reader, what.rg, documents)
+            k, epoch = what.source, (what.epoch if self.blend is not None else self.epoch)
+            ds = self.corpora[k]
+            if k not in readers:
+                readers[k] = RowGroupReader.from_catalog(ds.catalog, ds.storage_options, columns=self.columns)
+            if (k, epoch) not in documents:  # the source's row order of that (corpus) epoch
+                documents[(k, epoch)] = EpochPlan(ds.catalog.layout, ds.config, epoch, 1)
+            return self._token_group(readers[k], k, what.rg, documents[(k, epoch)])
 
         def assemble(spec: BatchSpec, groups: dict[int, TokenGroup]) -> Batch:
-            arrays = pack(spec, groups, first_id, self.seq_len, self.batch_size, dtypes)
+            arrays = pack(spec, groups, first_ids, self.seq_len, self.batch_size, dtypes)
             return {name: torch.from_numpy(array) for name, array in arrays.items()}
 
+        read_ahead = max(ds.read_ahead for ds in self.corpora)
         try:
-            for batch in deliver(start.schedule, start.start, read, None, self.source.read_ahead, stats, assemble):
+            for batch in deliver(self._schedule(start), start.start, read, None, read_ahead, None, assemble):
                 yield batch if self.transform is None else self.transform(batch)
         finally:
-            reader.close()
+            for reader in readers.values():
+                reader.close()
 
-    def _token_group(self, reader: RowGroupReader, rg: int, documents: EpochPlan) -> TokenGroup:
-        catalog = self.source.catalog
+    def _token_group(self, reader: RowGroupReader, k: int, rg: int, documents: EpochPlan) -> TokenGroup:
+        catalog, tokens = self.corpora[k].catalog, self._token_counts()[k]
         file_index, index = int(catalog.rg_file[rg]), int(catalog.rg_index[rg])
         where = f"{catalog.urls[file_index]}: row group {index}"
         table = reader.read(file_index, index)
@@ -156,14 +230,30 @@ class PackedStream(PlannedStream):
             if flat.null_count:
                 raise ConversionError(f"{where}: column {name!r} has null values inside its lists; packing needs numbers")
             values[name] = flat.to_numpy(zero_copy_only=False)
-        if len(lengths) != catalog.rg_rows[rg] or int(lengths.sum()) != int(self.tokens[rg]):
+        if len(lengths) != catalog.rg_rows[rg] or int(lengths.sum()) != int(tokens[rg]):
             raise ReadError(f"{where}: {len(lengths)} rows and {int(lengths.sum())} tokens, but the footer said "
-                            f"{int(catalog.rg_rows[rg])} rows and {int(self.tokens[rg])} tokens; did the file change?")
+                            f"{int(catalog.rg_rows[rg])} rows and {int(tokens[rg])} tokens; did the file change?")
         starts = np.zeros(len(lengths), dtype=np.int64)
         if len(lengths) > 1:
             np.cumsum(lengths[:-1], out=starts[1:])
         order = documents.rows_at(np.full(len(lengths), rg, dtype=np.int64), np.arange(len(lengths), dtype=np.int64))
         return token_group(lengths, starts, values, order)
+
+    def _token_counts(self) -> list[np.ndarray]:
+        """Tokens per row group of each corpus, from the catalogs' footer summaries (read once); checks
+        the packed columns on the way."""
+        if self._tokens is None:
+            names = self.blend.names if self.blend is not None else ("source",)
+            dtypes: dict[str, np.dtype] | None = None
+            for name, ds in zip(names, self.corpora):
+                mine = self._check_columns(ds.catalog.schema)
+                if dtypes is not None and mine != dtypes:
+                    raise ValueError(f"corpora {names[0]!r} and {name!r} give the packed columns different dtypes: "
+                                     f"{ {k: str(v) for k, v in dtypes.items()} } vs { {k: str(v) for k, v in mine.items()} }")
+                dtypes = mine
+            self._dtypes = dtypes
+            self._tokens = [token_counts(ds.catalog, self.column) for ds in self.corpora]
+        return self._tokens
 
     def _check_columns(self, schema: pa.Schema) -> dict[str, np.dtype]:
         """Every packed column must be a list of numbers; their dtypes, for padding batches."""

@@ -125,8 +125,8 @@ def test_misuse_is_refused_by_name(corpus, tmp_path):
         packed(path, columns=["score"]).set_epoch(0)
     with pytest.raises(ValueError, match="'nope' is not in"):
         packed(path, columns=["nope"]).set_epoch(0)
-    with pytest.raises(ValueError, match="BlendedStream"):
-        ss.PackedStream(ss.BlendedStream({"a": ss.ParquetStream(path)}, {"a": 1.0}, batch_size=4))
+    with pytest.raises(ValueError, match="ParquetStream or a BlendedStream; got list"):
+        ss.PackedStream([ss.ParquetStream(path)])
     with pytest.raises(ValueError, match="seq_len"):
         ss.PackedStream(ss.ParquetStream(path), seq_len=0)
     bad = tmp_path / "bad"
@@ -149,3 +149,117 @@ def test_a_file_without_null_counts_is_refused_by_name_and_counts_come_from_the_
     assert ds.num_tokens == 3 and ds.source.catalog.rg_values is not None
     with pytest.raises(ss.CatalogError, match=r"zz-bare\.parquet: row group 0 of column 'input_ids' has no null count"):
         ss.PackedStream(ss.ParquetStream(str(tmp_path)), seq_len=4, batch_size=1).set_epoch(0)
+
+
+# -- packing a blend: sequences of one corpus each, blended by weight -----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_corpora(tmp_path_factory):
+    root = tmp_path_factory.mktemp("packed-blend")
+    docs_a = write_documents(root / "a", [[120, 40, 3], [1], [200]], seed=1)
+    docs_b = write_documents(root / "b", [[17, 60, 90], [5], [33]], seed=2, max_len=120)
+    return str(root / "a"), docs_a, str(root / "b"), docs_b
+
+
+def packed_blend(corpora, rank=0, world=1, weights=None, order="fair", **kwargs):
+    a, _, b, _ = corpora
+    sources = {"a": ss.ParquetStream(a, shuffle=True, seed=3), "b": ss.ParquetStream(b, shuffle=True, seed=4)}
+    blend = ss.BlendedStream(sources, weights or {"a": 0.5, "b": 0.5}, batch_size=999, order=order, seed=5,
+                             rank=rank, world_size=world, **kwargs)
+    return ss.PackedStream(blend, column="input_ids", seq_len=SEQ, batch_size=BATCH, columns=["labels"])
+
+
+def sequences_per_corpus(docs):
+    return -(-sum(len(d) for d in docs) // SEQ)
+
+
+@pytest.mark.parametrize("order", ["fair", "shuffled"])
+@pytest.mark.parametrize("world, workers", [(1, 0), (2, 2)])
+def test_a_packed_blend_delivers_each_corpus_epoch_once_in_sequences_of_one_corpus(two_corpora, order, world, workers):
+    """Weights in proportion to the corpora's sequences: one blend epoch is one epoch of each corpus,
+    so every token of both arrives exactly once, each document's tokens in order."""
+    _, docs_a, _, docs_b = two_corpora
+    weights = {"a": float(sequences_per_corpus(docs_a)), "b": float(sequences_per_corpus(docs_b))}
+    streams = [packed_blend(two_corpora, r, world, weights, order) for r in range(world)]
+    assert streams[0].counts() == {"a": sequences_per_corpus(docs_a), "b": sequences_per_corpus(docs_b)}
+    per_rank = [list(ss.StreamLoader(ps, num_workers=workers)) for ps in streams]
+    assert len({len(b) for b in per_rank}) == 1, "equal steps on every rank"
+    n = max(workers, 1)
+    tokens_of = defaultdict(list)
+    sequences = defaultdict(int)
+    for b in (b for batches in per_rank for w in range(n) for b in batches[w::n]):
+        corpus, sid, ids = b["corpus"], b["sample_id"], b["input_ids"]
+        assert corpus.shape == sid.shape == ids.shape == (BATCH, SEQ)
+        assert torch.equal(corpus < 0, sid < 0), "corpus is -1 exactly on padding tokens"
+        assert torch.equal(b["labels"][sid >= 0], ids[sid >= 0] + 1)
+        for row in range(BATCH):
+            real = corpus[row][corpus[row] >= 0]
+            if len(real):
+                assert corpus[row, 0] >= 0 and torch.all(real == real[0]), "a sequence holds one corpus, from slot 0"
+                sequences[int(real[0])] += 1
+            for c, s, t in zip(corpus[row].tolist(), sid[row].tolist(), ids[row].tolist()):
+                if s >= 0:
+                    tokens_of[(c, s)].append(t)
+    assert dict(sequences) == {0: sequences_per_corpus(docs_a), 1: sequences_per_corpus(docs_b)}
+    for c, docs in enumerate([docs_a, docs_b]):
+        for s, doc in enumerate(docs):
+            assert tokens_of.get((c, s), []) == doc, f"corpus {c} document {s}: tokens lost, repeated or out of order"
+
+
+def test_a_packed_blend_keeps_exact_counts_when_a_corpus_cycles(two_corpora):
+    """Equal weights: the smaller corpus cycles through fresh epochs; per-corpus sequence counts are
+    exact, padding is only each corpus epoch's last sequence plus each worker's last batch."""
+    _, docs_a, _, docs_b = two_corpora
+    ps = packed_blend(two_corpora)
+    counts = ps.counts()
+    assert abs(counts["a"] - counts["b"]) <= 1
+    assert counts["a"] >= sequences_per_corpus(docs_a) and counts["b"] >= sequences_per_corpus(docs_b)
+    assert min(sequences_per_corpus(docs_a), sequences_per_corpus(docs_b)) < min(counts.values()), "one corpus cycles"
+    assert ps.num_sequences == sum(counts.values())
+    batches = list(ss.StreamLoader(ps, num_workers=2))
+    seen = defaultdict(int)
+    for b in batches:
+        for row in b["corpus"][:, 0].tolist():
+            if row >= 0:
+                seen[row] += 1
+    assert dict(seen) == {0: counts["a"], 1: counts["b"]}
+    corpus_epochs = sum(-(-counts[k] // sequences_per_corpus(d)) for k, d in (("a", docs_a), ("b", docs_b)))
+    padding = sum(int((b["sample_id"] < 0).sum()) for b in batches)
+    assert padding < (corpus_epochs + 2) * SEQ * BATCH
+    for k, docs in enumerate((docs_a, docs_b)):  # whole corpus epochs deliver each token once per epoch
+        per_epoch = sequences_per_corpus(docs)
+        whole, rest = divmod(counts["ab"[k]], per_epoch)
+        delivered = sum(int((b["corpus"] == k).sum()) for b in batches)
+        assert delivered == whole * sum(len(d) for d in docs) + rest * SEQ
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_stream_loader_resumes_a_packed_blend_exactly(two_corpora, num_workers):
+    check_loader_resume(lambda: packed_blend(two_corpora, 1, 2, order="shuffled"), num_workers, stops=[1, 3], epoch=1)
+
+
+@pytest.mark.parametrize("phases", [[(2, 2, 2), (3, 1, None)], [(1, 0, 3), (4, 2, 1), (2, 0, None)]])
+def test_a_packed_blend_resumes_elastically(two_corpora, phases):
+    check_elastic_resume(lambda rank, world: packed_blend(two_corpora, rank, world), phases)
+
+
+def test_packed_blend_misuse_is_refused_by_name(two_corpora, tmp_path):
+    a, _, b, _ = two_corpora
+    pq.write_table(pa.table({"input_ids": pa.array([[1, 2], [3]], pa.list_(pa.int32())),
+                             "labels": pa.array([[1, 2], [3]], pa.list_(pa.int32()))}), str(tmp_path / "narrow.parquet"))
+    mixed = ss.BlendedStream({"a": ss.ParquetStream(a), "n": ss.ParquetStream(str(tmp_path / "narrow.parquet"))},
+                             {"a": 0.5, "n": 0.5}, batch_size=4)
+    with pytest.raises(ValueError, match="corpora 'a' and 'n' give the packed columns different dtypes"):
+        ss.PackedStream(mixed, seq_len=SEQ, batch_size=BATCH).set_epoch(0)
+    pq.write_table(pa.table({"input_ids": pa.array([[], []], pa.list_(pa.int64())),
+                             "labels": pa.array([[], []], pa.list_(pa.int64()))}), str(tmp_path / "empty.parquet"))
+    hollow = ss.BlendedStream({"a": ss.ParquetStream(a), "e": ss.ParquetStream(str(tmp_path / "empty.parquet"))},
+                              {"a": 0.5, "e": 0.5}, batch_size=4, num_samples=10)
+    with pytest.raises(ValueError, match="corpus 'e' has no tokens in column 'input_ids'"):
+        ss.PackedStream(hollow, seq_len=SEQ, batch_size=BATCH).num_sequences  # noqa: B018
+    with pytest.raises(TypeError, match="counts\\(\\) is for a packed BlendedStream"):
+        ss.PackedStream(ss.ParquetStream(a), seq_len=SEQ).counts()
+    state = ss.StreamLoader(packed_blend(two_corpora)).state_dict()
+    with pytest.raises(ss.StateError, match="weights"):
+        ss.StreamLoader(packed_blend(two_corpora, weights={"a": 0.9, "b": 0.1})).load_state_dict(state)
