@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import streamshard as ss
-from resume_harness import check_elastic_resume, check_loader_resume
+from resume_harness import check_elastic_resume, check_loader_resume, check_stateful_resume
 
 SEQ, BATCH = 64, 4
 
@@ -237,6 +237,10 @@ def test_a_packed_blend_keeps_exact_counts_when_a_corpus_cycles(two_corpora):
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_stream_loader_resumes_a_packed_blend_exactly(two_corpora, num_workers):
     check_loader_resume(lambda: packed_blend(two_corpora, 1, 2, order="shuffled"), num_workers, stops=[1, 3], epoch=1)
+
+
+def test_statefuldataloader_resumes_a_packed_blend(two_corpora):
+    check_stateful_resume(lambda: packed_blend(two_corpora, 0, 2), 2, stops=[1, 4], epoch=2)
 
 
 @pytest.mark.parametrize("phases", [[(2, 2, 2), (3, 1, None)], [(1, 0, 3), (4, 2, 1), (2, 0, None)]])
