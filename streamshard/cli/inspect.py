@@ -1,12 +1,16 @@
 """``streamshard inspect``: files, row groups, bytes and schema -> tensors of a corpus, with warnings.
 
-Everything comes from the Parquet footers (one ranged read per file, in parallel); no data pages
-are read. Schema drift is reported as a warning here, where every other command refuses it.
+Everything comes from the Parquet footers (one ranged read per file, in parallel), except one
+sample: the first pages of the string/binary columns of the first non-empty row group, decoded to
+learn their average value size (a dictionary-encoded footer does not say it). Decoded sizes are
+estimated from the Arrow types (``decoded_size.py``), not the footer's encoded sizes. Schema drift
+is reported as a warning here, where every other command refuses it.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -17,13 +21,18 @@ import pyarrow.parquet as pq
 import torch
 
 from ..catalog import Catalog, list_files, read_footer
+from ..decoded_size import byte_array_leaves, decoded_bytes, leaf_value_bytes
 from ..errors import CatalogError, ConversionError
 from ..schema import canonical_type, unify
 from ..storage import FileSystems
 from ..tensors import BatchConverter
 from .progress import progress_bar
 
+log = logging.getLogger("streamshard")
+
 MIB = 1024 * 1024
+SAMPLE_ROWS = 4096  # rows decoded from one row group to measure string/binary value sizes
+_SAMPLE_FILES = 8  # files tried (in URL order) to find a non-empty row group to sample
 
 
 @dataclass(frozen=True)
@@ -31,7 +40,8 @@ class _FileBytes:
     """Byte sizes of one file's row groups from its footer (projected columns only)."""
 
     compressed: np.ndarray  # per row group
-    uncompressed: np.ndarray  # per row group: the decoded-size estimate
+    uncompressed: np.ndarray  # per row group: the footer's (encoded) uncompressed size
+    decoded: np.ndarray  # per row group: the estimated Arrow size (what a reader holds)
     column_compressed: dict[str, int]  # per top-level column, whole file
 
 
@@ -39,11 +49,12 @@ def run_inspect(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
     """Read every footer; describe files, row groups, bytes and schema; collect warnings."""
     filesystems = FileSystems(args.storage_options)
     files = list_files(args.urls, filesystems)
+    value_bytes = _sample_value_bytes(files, filesystems, args.columns)
 
     def one(item: tuple[str, int]) -> tuple[Any, _FileBytes]:
         url, size = item
         footer = read_footer(url, size, args.columns, filesystems)
-        return footer, _file_bytes(footer, filesystems, args.columns)
+        return footer, _file_bytes(footer, filesystems, args.columns, value_bytes)
 
     read: list[tuple[Any, _FileBytes]] = []
     with ThreadPoolExecutor(max_workers=min(32, len(files))) as pool, progress_bar(
@@ -61,6 +72,7 @@ def run_inspect(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
     rg_rows = np.concatenate([f.row_group_rows for f in footers]).astype(np.int64)
     comp = np.concatenate([b.compressed for _, b in read]).astype(np.int64)
     uncomp = np.concatenate([b.uncompressed for _, b in read]).astype(np.int64)
+    decoded = np.concatenate([b.decoded for _, b in read]).astype(np.int64)
     report = {
         "files": len(files),
         "row_groups": int(len(rg_rows)),
@@ -68,9 +80,11 @@ def run_inspect(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
         "file_bytes": int(sum(size for _, size in files)),
         "compressed_bytes": int(comp.sum()),
         "uncompressed_bytes": int(uncomp.sum()),
+        "decoded_bytes": int(decoded.sum()),
         "row_group_rows": spread(rg_rows),
         "row_group_compressed_bytes": spread(comp),
         "row_group_uncompressed_bytes": spread(uncomp),
+        "row_group_decoded_bytes": spread(decoded),
         "file_list": [
             {"url": f.url, "size": f.size, "row_groups": len(f.row_group_rows), "rows": int(f.row_group_rows.sum()),
              "compressed_bytes": int(b.compressed.sum())}
@@ -79,12 +93,13 @@ def run_inspect(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
         "columns": _describe_columns(_column_fields(footers), footers[0].url, read),
         "warnings": warnings,
     }
-    warnings.extend(_inspect_warnings(args, report, rg_rows, uncomp, [len(f.row_group_rows) for f in footers], footers))
+    warnings.extend(_inspect_warnings(args, report, rg_rows, decoded, [len(f.row_group_rows) for f in footers], footers))
     return report
 
 
-def _file_bytes(footer: Any, filesystems: FileSystems, columns: list[str] | None) -> _FileBytes:
-    """Compressed and uncompressed bytes per row group from one file's footer (one ranged read)."""
+def _file_bytes(footer: Any, filesystems: FileSystems, columns: list[str] | None,
+                value_bytes: dict[str, float]) -> _FileBytes:
+    """Compressed, uncompressed and estimated decoded bytes per row group from one file's footer (one ranged read)."""
     fs, path = filesystems.resolve(footer.url)
     start = footer.size - footer.footer_length - 8 if footer.footer_length else max(footer.size - 1024 * 1024, 0)
     try:
@@ -106,7 +121,40 @@ def _file_bytes(footer: Any, filesystems: FileSystems, columns: list[str] | None
             comp[r] += chunk.total_compressed_size
             uncomp[r] += chunk.total_uncompressed_size
             per_column[top] = per_column.get(top, 0) + chunk.total_compressed_size
-    return _FileBytes(comp, uncomp, per_column)
+    return _FileBytes(comp, uncomp, decoded_bytes(meta, columns, value_bytes), per_column)
+
+
+def _sample_value_bytes(files: list[tuple[str, int]], filesystems: FileSystems,
+                        columns: list[str] | None) -> dict[str, float]:
+    """Average data bytes per value of each string/binary leaf (by Parquet path), measured on the
+    first ``SAMPLE_ROWS`` rows of the first non-empty row group (only the first pages are read)."""
+    for url, size in files[:_SAMPLE_FILES]:
+        fs, path = filesystems.resolve(url)
+        try:
+            with fs.open(path, "rb") as handle:
+                parquet = pq.ParquetFile(handle, buffer_size=256 * 1024, pre_buffer=False)
+                meta, schema = parquet.metadata, parquet.schema_arrow
+                wanted = [f for f in schema if (columns is None or f.name in columns) and byte_array_leaves(f)]
+                group = next((r for r in range(meta.num_row_groups) if meta.row_group(r).num_rows), None)
+                if not wanted:
+                    return {}
+                if group is None:
+                    continue
+                batch = next(parquet.iter_batches(batch_size=SAMPLE_ROWS, row_groups=[group],
+                                                  columns=[f.name for f in wanted]))
+        except Exception as exc:  # noqa: BLE001 - the footer pass that follows reports this file's problem
+            log.debug("%s: no value-size sample: %s: %s", url, type(exc).__name__, exc)
+            continue
+        leaves = meta.row_group(group)
+        paths = [leaves.column(c).path_in_schema for c in range(leaves.num_columns)]
+        out: dict[str, float] = {}
+        for field in wanted:
+            mine = [p for p in paths if p == field.name or p.startswith(field.name + ".")]
+            for index, (nbytes, values) in zip(byte_array_leaves(field), leaf_value_bytes(batch.column(field.name))):
+                if values and index < len(mine):
+                    out[mine[index]] = nbytes / values
+        return out
+    return {}
 
 
 def spread(values: np.ndarray) -> dict[str, float]:
@@ -184,17 +232,17 @@ def _inspect_warnings(
     args: argparse.Namespace,
     report: dict[str, Any],
     rg_rows: np.ndarray,
-    uncomp: np.ndarray,
+    decoded: np.ndarray,
     rgs_per_file: list[int],
     footers: list[Any],
 ) -> list[dict[str, str]]:
     warnings = []
     budget = int(args.memory_budget * MIB)
-    big = np.flatnonzero(uncomp > budget)
+    big = np.flatnonzero(decoded > budget)
     if len(big):
         warnings.append({"kind": "memory_budget", "message": (
             f"{len(big)} row group(s) exceed the {args.memory_budget:g} MiB decoded budget "
-            f"(largest {_human(int(uncomp.max()))}); a worker holds up to 1 + read_ahead (default 2) of them at once, "
+            f"(largest {_human(int(decoded.max()))}); a worker holds up to 1 + read_ahead (default 2) of them at once, "
             "shuffle_window + read_ahead with shuffle=True (default 16 + 2); "
             "rewrite with smaller row groups or project fewer --columns")})
     unsupported = [c["name"] for c in report["columns"] if not c["supported"]]
@@ -212,7 +260,7 @@ def _inspect_warnings(
         if units < workers:
             warnings.append({"kind": "too_few_units", "message": (
                 f"{units} non-empty {args.unit.replace('_', ' ')}(s) for {workers} global workers: workers "
-                "split units and each decodes a whole row group to keep its slice, and with batch_size=None "
+                "split units (a split row group is decoded by each of them, keeping only its part), and with batch_size=None "
                 "most workers yield padding; write smaller row groups or use fewer workers")})
     return warnings
 
@@ -223,13 +271,13 @@ def render_inspect(r: dict[str, Any], args: argparse.Namespace) -> str:
         f"files        {r['files']:,}  ({_human(r['file_bytes'])} on storage)",
         f"row groups   {r['row_groups']:,}",
         f"rows         {r['rows']:,}",
-        f"compressed   {_human(r['compressed_bytes'])}   decoded estimate {_human(r['uncompressed_bytes'])}"
+        f"compressed   {_human(r['compressed_bytes'])}   decoded estimate {_human(r['decoded_bytes'])}"
         "  (projected columns)",
         "",
         "row groups        min       median          max",
         _spread_line("rows", r["row_group_rows"], lambda v: f"{v:,.0f}"),
         _spread_line("compressed", r["row_group_compressed_bytes"], _human),
-        _spread_line("decoded", r["row_group_uncompressed_bytes"], _human),
+        _spread_line("decoded", r["row_group_decoded_bytes"], _human),
         "",
         "columns -> batch entries",
     ]
