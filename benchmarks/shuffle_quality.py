@@ -1,7 +1,8 @@
 """How well each shuffle mixes a corpus sorted by topic, measured on the planner (no I/O).
 
-The corpus: 32 files x 8 row groups x 1,000 rows, each file one topic (as data written
-partitioned by source often is). For batches of 256 rows delivered by every global worker of
+Two corpora of 32 files x 8 row groups, each file one topic (as data written partitioned by source
+often is): *uniform* row groups of 1,000 rows, and *skewed* ones of 3..4,096 rows (uniformly drawn,
+seed 1), like real exports. For batches of 256 rows delivered by every global worker of
 2 ranks x 2 workers, we report
   * the mean share of a batch taken by its most common file (1.0 = every batch from one file),
   * the fraction of batches drawn from a single file,
@@ -39,9 +40,10 @@ def metrics(batches: list[np.ndarray], file_of_row: np.ndarray, rg_of_row: np.nd
             "row_groups_per_batch": float(np.mean(distinct))}
 
 
-def main() -> None:
-    layout = Layout(np.full(FILES * GROUPS, ROWS, dtype=np.int64), np.repeat(np.arange(FILES), GROUPS).astype(np.int64))
-    rg_of_row = np.repeat(np.arange(FILES * GROUPS), ROWS)
+def evaluate(rows: np.ndarray) -> list[dict]:
+    """Every case on the corpus of ``rows`` per row group (32 files x 8 row groups, one topic per file)."""
+    layout = Layout(rows.astype(np.int64), np.repeat(np.arange(FILES), GROUPS).astype(np.int64))
+    rg_of_row = np.repeat(np.arange(FILES * GROUPS), rows)
     file_of_row = rg_of_row // GROUPS
     cases = [("no shuffle", dict(shuffle=False))]
     cases += [(f"unit=file, shuffle_window={w}", dict(shuffle=True, unit="file", shuffle_window=w)) for w in (1, 8)]
@@ -63,19 +65,35 @@ def main() -> None:
     full = [perm[i : i + BATCH] for i in range(0, len(perm) - BATCH + 1, BATCH)]
     results.append({"case": "full shuffle (numpy, random access)", **metrics(full, file_of_row, rg_of_row),
                     "row_groups_held": FILES * GROUPS, "reads_per_row_group": None})
+    return results
 
+
+def report(title: str, results: list[dict]) -> None:
     reference = results[-1]["top_file_share"]
-    print(f"{FILES} files x {GROUPS} row groups x {ROWS} rows, one topic per file; batch {BATCH}, "
+    print(f"{title}: {FILES} files x {GROUPS} row groups, one topic per file; batch {BATCH}, "
           f"{RANKS} ranks x {WORKERS} workers")
     print(f"{'case':38} {'top-file share':>14} {'vs full':>8} {'1-file batches':>15} {'rgs/batch':>10} "
           f"{'rgs held':>9} {'reads/rg':>9}")
     for r in results:
+        r["vs_full_shuffle"] = r["top_file_share"] / reference
         reads = "-" if r["reads_per_row_group"] is None else f"{r['reads_per_row_group']:.2f}"
-        print(f"{r['case']:38} {r['top_file_share']:14.3f} {r['top_file_share'] / reference:7.1f}x "
+        print(f"{r['case']:38} {r['top_file_share']:14.3f} {r['vs_full_shuffle']:7.1f}x "
               f"{r['single_file_batches']:15.1%} {r['row_groups_per_batch']:10.1f} {r['row_groups_held']:9} {reads:>9}")
+
+
+def main() -> None:
+    corpora = {
+        f"uniform ({ROWS:,} rows per row group)": np.full(FILES * GROUPS, ROWS, dtype=np.int64),
+        "skewed (3..4,096 rows per row group)": np.random.default_rng(1).integers(3, 4097, FILES * GROUPS),
+    }
+    out = {}
+    for title, rows in corpora.items():
+        out[title] = evaluate(rows)
+        report(title, out[title])
+        print()
     os.makedirs(os.path.join(os.path.dirname(__file__), "out"), exist_ok=True)
     with open(os.path.join(os.path.dirname(__file__), "out", "shuffle_quality.json"), "w") as f:
-        json.dump(results, f, indent=2)
+        json.dump(out, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from functools import cached_property
 import numpy as np
 
 from .permutation import Permutation, mix_seed
+from .unit_order import spread_order
 from .validate import check_int
 
 UNITS = ("row_group", "file")
@@ -271,6 +272,14 @@ class EpochPlan:
         """Row indices (within row group ``rg``) of emitted positions ``[lo, hi)``."""
         return self.rows_at(np.full(hi - lo, rg, dtype=np.int64), np.arange(lo, hi, dtype=np.int64))
 
+    def piece_rows(self, rg: int, lo: int, hi: int) -> np.ndarray | None:
+        """Sorted row numbers (file order) of emitted positions ``[lo, hi)`` of row group ``rg``; None
+        when that is the whole group. What a worker owning only part of a group reads of it."""
+        if lo == 0 and hi == int(self.layout.rg_rows[rg]):
+            return None
+        rows = self.row_positions(rg, lo, hi)
+        return rows if not (self.config.shuffle and self.config.shuffle_rows) else np.sort(rows)
+
     def rows_at(self, rg: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Row numbers (file order) of emitted positions ``positions[i]`` of row groups ``rg[i]``.
 
@@ -313,8 +322,9 @@ def stream_order(layout: Layout, config: PlanConfig, epoch: int) -> np.ndarray:
     n = len(rows)
     if not config.shuffle:
         order = np.arange(n, dtype=np.int64)
-    elif config.unit == "row_group":
-        order = Permutation(n, mix_seed(config.seed, epoch, _UNIT_ORDER))[np.arange(n, dtype=np.int64)]
+    elif config.unit == "row_group":  # each file's row groups spread over the epoch (unit_order.py)
+        order = spread_order(rows, layout.rg_file, layout.num_files, mix_seed(config.seed, epoch, _IN_FILE_ORDER),
+                             mix_seed(config.seed, epoch, _UNIT_ORDER))
     else:
         # Files in a permuted order; inside each file, its row groups in a permuted order too.
         file_rank = Permutation(layout.num_files, mix_seed(config.seed, epoch, _UNIT_ORDER)).inverse(
