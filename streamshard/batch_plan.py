@@ -13,6 +13,7 @@ batch needs (``done``), so the reader holds only what is still to be delivered.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -21,6 +22,24 @@ import numpy as np
 from .plan import EpochPlan
 
 _EMPTY = np.zeros(0, dtype=np.int64)
+_PART_ROWS_KEPT = 8  # owned-row arrays of partial pieces a schedule keeps (a batch touches a few)
+
+
+class _PartRows:
+    """``EpochPlan.piece_rows`` of a schedule's pieces, computed once per piece (bounded LRU)."""
+
+    def __init__(self, plan: EpochPlan) -> None:
+        self.plan = plan
+        self._kept: OrderedDict[tuple[int, int, int], np.ndarray | None] = OrderedDict()
+
+    def read(self, rg: int, lo: int, hi: int) -> Read:
+        key = (rg, lo, hi)
+        if key not in self._kept:
+            self._kept[key] = self.plan.piece_rows(rg, lo, hi)
+            while len(self._kept) > _PART_ROWS_KEPT:
+                self._kept.popitem(last=False)
+        self._kept.move_to_end(key)
+        return Read(0, rg, rows=self._kept[key])
 
 
 @dataclass(frozen=True)
@@ -28,11 +47,20 @@ class Read:
     """One decoded row group: row group ``rg`` (catalog index) of corpus ``source`` (0 for one stream).
 
     ``epoch``: the corpus epoch whose row order the read lays out, for reads whose decoded form
-    depends on it (a packed blend's token groups); 0 otherwise."""
+    depends on it (a packed blend's token groups); 0 otherwise.
+
+    ``rows``: when a worker owns only part of the row group, the sorted row numbers (file order)
+    it owns: the decoded table then holds just those rows, in that order (``local_rows``), so
+    a huge group split between workers is never held whole. None: the whole group."""
 
     source: int
     rg: int
     epoch: int = 0
+    rows: np.ndarray | None = field(default=None, compare=False, repr=False)
+
+    def local_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Where row numbers ``rows`` (file order) sit in this read's decoded table."""
+        return rows if self.rows is None else np.searchsorted(self.rows, rows)
 
 
 @dataclass(frozen=True)
@@ -114,6 +142,7 @@ class StreamSchedule(Schedule):
         last_row = self.window_start[window_of_piece + 1] - 1
         self.piece_last_batch = np.searchsorted(self.bounds, last_row, side="right") - 1
         self._labels: tuple[int, np.ndarray, np.ndarray] | None = None  # (window, labels, occurrence)
+        self._parts = _PartRows(plan)
 
     def batch(self, index: int) -> BatchSpec:
         if not 0 <= index < self.steps:
@@ -128,7 +157,8 @@ class StreamSchedule(Schedule):
         keys = _first_use(piece)
         # Pieces end in window order, so their last batches never decrease.
         done = tuple(range(*np.searchsorted(self.piece_last_batch, [index, index + 1]).tolist()))
-        reads = {k: Read(0, int(self.pieces.rg[k])) for k in keys}
+        p = self.pieces
+        reads = {k: self._parts.read(int(p.rg[k]), int(p.lo[k]), int(p.hi[k])) for k in keys}
         sample_id = self.plan.layout.rg_first_id[rg] + row
         padding = 0 if bs is None else bs - (end - begin)
         return BatchSpec(index, reads, piece, row, sample_id, padding, done)
@@ -196,7 +226,8 @@ def first_rows_spec(plan: EpochPlan, rows: int) -> BatchSpec | None:
         return None
     rg = int(nonempty[0])
     row = np.arange(min(rows, int(plan.layout.rg_rows[rg])), dtype=np.int64)
-    return BatchSpec(-1, {0: Read(0, rg)}, np.zeros(len(row), dtype=np.int64), row,
+    read = Read(0, rg, rows=row if len(row) < plan.layout.rg_rows[rg] else None)  # a shape only: no whole huge group
+    return BatchSpec(-1, {0: read}, np.zeros(len(row), dtype=np.int64), row,
                      plan.layout.rg_first_id[rg] + row, rows - len(row))
 
 
@@ -219,13 +250,14 @@ class PieceBatches(Schedule):
         self.part_ends = [np.cumsum(p.rows).astype(np.int64) for p in parts]
         last = [(ends - 1) // micro for ends in self.part_ends]
         self.piece_last_batch = np.concatenate(last) if last else _EMPTY
+        self._parts = _PartRows(plan)
 
     def batch(self, index: int) -> BatchSpec:
         if not 0 <= index < self.steps:
             raise IndexError(f"batch {index} is outside [0, {self.steps})")
         if index >= self.real_batches:
             return padding_spec(index, self.batch_size)
-        keys, positions, rgs = [], [], []
+        keys, positions, rgs, pieces = [], [], [], {}
         for part, (_, rows), ends, base in zip(self.parts, self.ranges, self.part_ends, self.key_base):
             lo, hi = min(index * self.micro, rows), min((index + 1) * self.micro, rows)
             if hi <= lo:
@@ -233,13 +265,15 @@ class PieceBatches(Schedule):
             offsets = np.arange(lo, hi, dtype=np.int64)
             piece = np.searchsorted(ends, offsets, side="right")
             keys.append(base + piece)
+            for j in np.unique(piece).tolist():
+                pieces[int(base) + j] = (int(part.rg[j]), int(part.lo[j]), int(part.hi[j]))
             positions.append(part.lo[piece] + offsets - (ends[piece] - part.rows[piece]))
             rgs.append(part.rg[piece])
         key, position, rg = (np.concatenate(x) for x in (keys, positions, rgs))
         row = self.plan.rows_at(rg, position)
         keys, first = np.unique(key, return_index=True)
         order = np.argsort(first)  # keys in order of first use
-        reads = {int(k): Read(0, int(g)) for k, g in zip(keys[order], rg[first[order]])}
+        reads = {int(k): self._parts.read(*pieces[int(k)]) for k in keys[order]}
         done = tuple(np.flatnonzero(self.piece_last_batch == index).tolist())
         return BatchSpec(index, reads, key, row, self.plan.layout.rg_first_id[rg] + row,
                          self.batch_size - len(row), done)

@@ -271,8 +271,9 @@ class ParquetStream(PlannedStream):
     def _read(self, reader: RowGroupReader, what: Read) -> pa.Table:
         catalog = self.catalog
         file_index, index = int(catalog.rg_file[what.rg]), int(catalog.rg_index[what.rg])
-        table = read_as(reader.read(file_index, index), catalog.schema, f"{catalog.urls[file_index]}: row group {index}")
-        if table.num_rows != catalog.rg_rows[what.rg]:
+        table = read_as(reader.read(file_index, index, what.rows), catalog.schema,
+                        f"{catalog.urls[file_index]}: row group {index}")
+        if what.rows is None and table.num_rows != catalog.rg_rows[what.rg]:
             raise ReadError(
                 f"{catalog.urls[file_index]}: row group {index} has {table.num_rows} rows but its footer said "
                 f"{int(catalog.rg_rows[what.rg])}; did the file change?"

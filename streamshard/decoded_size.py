@@ -27,20 +27,22 @@ def decoded_bytes(metadata: pq.FileMetaData, columns: Sequence[str] | None = Non
                   value_bytes: Mapping[str, float] | None = None) -> np.ndarray:
     """Estimated Arrow bytes of each row group's ``columns`` (top-level names; None: all), int64."""
     schema = metadata.schema.to_arrow_schema()
+    return np.array([row_group_decoded_bytes(metadata, r, columns, value_bytes, schema)
+                     for r in range(metadata.num_row_groups)], dtype=np.int64)
+
+
+def row_group_decoded_bytes(metadata: pq.FileMetaData, row_group: int, columns: Sequence[str] | None = None,
+                            value_bytes: Mapping[str, float] | None = None, schema: pa.Schema | None = None) -> int:
+    """Estimated Arrow bytes of one row group's ``columns`` (see :func:`decoded_bytes`)."""
+    schema = metadata.schema.to_arrow_schema() if schema is None else schema
     wanted = set(schema.names if columns is None else columns)
-    out = np.zeros(metadata.num_row_groups, dtype=np.int64)
-    for r in range(metadata.num_row_groups):
-        group = metadata.row_group(r)
-        leaves = [group.column(c) for c in range(group.num_columns)]
-        by_top: dict[str, list[Any]] = {}
-        for leaf in leaves:
-            by_top.setdefault(leaf.path_in_schema.split(".")[0], []).append(leaf)
-        total = 0
-        for field in schema:
-            if field.name in wanted and field.name in by_top:
-                total += _field_bytes(field, group.num_rows, iter(by_top[field.name]), value_bytes or {})
-        out[r] = total
-    return out
+    group = metadata.row_group(row_group)
+    by_top: dict[str, list[Any]] = {}
+    for c in range(group.num_columns):
+        leaf = group.column(c)
+        by_top.setdefault(leaf.path_in_schema.split(".")[0], []).append(leaf)
+    return sum(_field_bytes(field, group.num_rows, iter(by_top[field.name]), value_bytes or {})
+               for field in schema if field.name in wanted and field.name in by_top)
 
 
 def byte_array_leaves(field: pa.Field) -> list[int]:

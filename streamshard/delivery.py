@@ -4,7 +4,9 @@ The one delivery path of every stream. A :class:`~streamshard.batch_plan.Schedul
 batch; this module fetches the row groups its specs name (``read_ahead`` reads in flight on
 background threads: pyarrow decodes without the GIL), holds each decoded group until the last
 batch that needs it, and assembles, converts and pads. Memory: the groups the current batch still
-shares with later ones plus ``read_ahead`` groups read ahead, never a file.
+shares with later ones plus ``read_ahead`` groups read ahead, never a file; of a group this worker
+owns only part of, only that part (the read names its rows, ``Read.rows``; ``local_rows`` maps
+row numbers into it).
 
 A failed read ends the pass: reads queued behind it fail with the same error instead of starting
 (a hung store would otherwise cost a full retry deadline per queued read), and a conversion error
@@ -24,9 +26,9 @@ import pyarrow as pa
 import torch
 
 from .batch_plan import BatchSpec, Read, Schedule
-from .reader import ReadStats
 from .batches import CORPUS, concat, padding_like, with_ids
 from .errors import ConversionError
+from .reader import ReadStats
 from .tensors import Batch, BatchConverter
 
 _MAX_LOOKAHEAD = 64  # batch specs computed ahead to find the next row groups to read
@@ -184,7 +186,7 @@ def _build_placed(spec: BatchSpec, tables: dict[int, pa.Table], convert: BatchCo
 def _fails(spec: BatchSpec, tables: dict[int, pa.Table], convert: BatchConverter, key: int) -> bool:
     """Whether the spec's rows from read ``key`` alone fail to convert (only asked after a batch failed)."""
     try:
-        convert(_take(tables[key], spec.row[spec.read == key]))
+        convert(_take(tables[key], spec.reads[key].local_rows(spec.row[spec.read == key])))
     except ConversionError:
         return True
     return False
@@ -196,7 +198,7 @@ def spec_table(spec: BatchSpec, tables: dict[int, pa.Table]) -> pa.Table:
     parts = []
     for key in keys:
         rows = spec.row if len(keys) == 1 else spec.row[spec.read == key]
-        parts.append(_take(tables[key], rows))
+        parts.append(_take(tables[key], spec.reads[key].local_rows(rows)))
     if len(parts) == 1:
         return parts[0]
     if len({p.schema for p in parts}) > 1:  # nullability flags may differ between files or corpora

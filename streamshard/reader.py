@@ -12,6 +12,13 @@ backend one ``info`` (a HEAD on S3) per file per reader follows the file's first
 of its bytes are used (fsspec's ``cat_ranges`` does not expose the ETag of the ranged GETs). A
 changed file is a ``ReadError`` naming both versions, never other rows under the old sample ids.
 
+A row group estimated to decode to more than ``STREAM_ABOVE_BYTES`` (``decoded_size.py``) is
+*streamed* instead: pyarrow decodes it in record batches of about ``STREAM_BATCH_BYTES`` from a
+file view that fetches byte ranges as the decoder asks (about ``STREAM_BUFFER_BYTES`` of compressed
+bytes buffered over all columns), and only the rows asked for (``rows=``) are kept. So a worker
+that owns part of a huge row group holds its part plus one record batch, not the whole group and
+its compressed bytes. Small groups (the common case) keep the one-round whole-group read.
+
 Backends: an async fsspec filesystem (s3fs, gcsfs, http) gets all ranges of a row group in
 flight at once through ``fs.cat_ranges``; a synchronous one (local disk) is read through one
 open handle per file. Every request is retried on transient faults (``streamshard.retry``), and
@@ -31,9 +38,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.utils import merge_offset_ranges
 
+from .decoded_size import row_group_decoded_bytes
 from .errors import ReadError
 from .footer import FooterError, chunk_ranges, parse_footer, tail_range
-from .reader_parts import _FooterCache, _Handles, _Once, _SparseFile
+from .reader_parts import (
+    _FooterCache,
+    _Handles,
+    _Once,
+    _SparseFile,
+    decode_rows,
+    keep_rows,
+)
 from .retry import RetriesExhausted, RetryPolicy, TransientError, call_within, describe
 from .storage import FileSystems, check_short_read, file_change, is_async, timeout_kw
 
@@ -45,6 +60,15 @@ DEFAULT_MAX_GAP = 16 * 1024  # bytes of unneeded data worth fetching to save one
 # Without the catalog's footer length, a small probe of the tail: narrow schemas fit, and a
 # wide footer costs one more request rather than every worker fetching data it will not use.
 FOOTER_PROBE_BYTES = 16 * 1024
+# A row group decoding to more than this is streamed (record batches, ranges fetched on demand):
+# above it the whole-group read's peak (compressed chunks + decoded table, ~3x the table) matters
+# more than its one round trip; below it, streaming gains nothing.
+STREAM_ABOVE_BYTES = 64 * 1024 * 1024
+STREAM_BATCH_BYTES = 16 * 1024 * 1024  # decoded bytes per record batch of a streamed row group
+STREAM_BUFFER_BYTES = 16 * 1024 * 1024  # compressed bytes buffered over all columns while streaming
+# A group this many times smaller (compressed) than STREAM_ABOVE_BYTES is read whole without first
+# fetching its footer to estimate its decoded size (keeps footer and data in one round).
+_SURELY_SMALL_RATIO = 32
 _NOTE_SECONDS = 10.0  # at most this long asking the store, after a failure, whether the file changed
 
 
@@ -59,6 +83,11 @@ class ReadStats:
     misses: int = 0  # reads pyarrow made outside the planned ranges (fetched on demand)
     read_seconds: float = 0.0  # wall time inside read() (fetch + decode), summed over threads
     fetch_seconds: float = 0.0  # the part of it spent fetching byte ranges (retries included)
+    row_groups_streamed: int = 0  # of row_groups_read, those decoded in record batches
+    rows_decoded: int = 0  # rows pyarrow decoded (a streamed group stops after the last row asked for)
+    rows_kept: int = 0  # rows returned (fewer than decoded when a read asks for part of a group)
+    largest_decode: int = 0  # most rows decoded at once (a whole group, or one record batch)
+    largest_fetch: int = 0  # bytes of the largest single range fetched
 
 
 class RowGroupReader:
@@ -136,20 +165,93 @@ class RowGroupReader:
         return cls(catalog.urls, catalog.file_sizes, columns, storage_options, **layout, **kwargs)
 
     # -- public --------------------------------------------------------------------------------
-    def read(self, file_index: int, row_group: int) -> pa.Table:
-        """The projected columns of one row group; ``ReadError`` names the URL, row group and cause."""
+    def read(self, file_index: int, row_group: int, rows: np.ndarray | None = None) -> pa.Table:
+        """The projected columns of one row group; ``ReadError`` names the URL, row group and cause.
+
+        ``rows``: sorted row numbers (file order) to keep; the table then holds exactly those rows,
+        in that order. None: every row. A group larger than ``STREAM_ABOVE_BYTES`` decoded is
+        streamed, so asking for part of it holds only that part.
+        """
         started = time.perf_counter()
+        rows = None if rows is None else np.asarray(rows, dtype=np.int64)
         try:
-            metadata, parts = self._fetch_row_group(file_index, row_group)
-            source = _SparseFile(self.sizes[file_index], sorted(parts), lambda s, e: self._miss(file_index, s, e))
-            parquet = pq.ParquetFile(pa.PythonFile(source, mode="r"), metadata=metadata, pre_buffer=False)
-            table = parquet.read_row_group(row_group, columns=self.columns)
+            metadata = self._footer_unless_small(file_index, row_group)
+            estimate = -1 if metadata is None else row_group_decoded_bytes(metadata, row_group, self.columns)
+            if estimate > STREAM_ABOVE_BYTES:
+                table = self._read_streaming(file_index, row_group, metadata, rows, estimate)
+            else:
+                table = self._read_whole(file_index, row_group, rows)
         except Exception as exc:  # noqa: BLE001 - fsspec/pyarrow/botocore raise many types
             raise self._error(file_index, row_group, exc) from None
         with self._lock:
             self.stats.row_groups_read += 1
+            self.stats.rows_kept += table.num_rows
             self.stats.read_seconds += time.perf_counter() - started
         return table
+
+    def _read_whole(self, file_index: int, row_group: int, rows: np.ndarray | None) -> pa.Table:
+        """Fetch the group's projected chunks in one round, decode them at once, keep ``rows``."""
+        metadata, parts = self._fetch_row_group(file_index, row_group)
+        source = _SparseFile(self.sizes[file_index], sorted(parts), lambda s, e: self._miss(file_index, s, e))
+        parquet = pq.ParquetFile(pa.PythonFile(source, mode="r"), metadata=metadata, pre_buffer=False)
+        table = parquet.read_row_group(row_group, columns=self.columns)
+        with self._lock:
+            self.stats.rows_decoded += table.num_rows
+            self.stats.largest_decode = max(self.stats.largest_decode, table.num_rows)
+        return table if rows is None else keep_rows(table, rows, self.urls[file_index], row_group)
+
+    def _read_streaming(self, file_index: int, row_group: int, metadata: pq.FileMetaData,
+                        rows: np.ndarray | None, estimate: int) -> pa.Table:
+        """Decode the group in record batches from ranges fetched on demand, keeping only ``rows``."""
+        self._touch(file_index)
+        group = metadata.row_group(row_group)
+        total = group.num_rows
+        if rows is not None and len(rows) and not 0 <= rows[0] <= rows[-1] < total:
+            raise ReadError(f"{self.urls[file_index]}: row group {row_group} has {total} rows, "
+                            f"asked for rows {int(rows[0])}..{int(rows[-1])}; did the file change?")
+        batch_rows = int(np.clip(STREAM_BATCH_BYTES * total // max(estimate, 1), 1, 65536))
+        leaves = max(1, len(self._ranges(file_index, row_group, metadata, merge=False)))
+        buffer = int(np.clip(STREAM_BUFFER_BYTES // leaves, min(64 * 1024, STREAM_BUFFER_BYTES), 4 * 1024 * 1024))
+        source = _SparseFile(self.sizes[file_index], [], lambda s, e: self._fetch(file_index, [(s, e)])[0][1])
+        parquet = pq.ParquetFile(pa.PythonFile(source, mode="r"), metadata=metadata, pre_buffer=False,
+                                 buffer_size=buffer)
+        kept, decoded, largest = decode_rows(parquet, row_group, self.columns, rows, total, batch_rows)
+        with self._lock:
+            self.stats.row_groups_streamed += 1
+            self.stats.rows_decoded += decoded
+            self.stats.largest_decode = max(self.stats.largest_decode, largest)
+        schema = parquet.schema_arrow
+        if self.columns is not None:
+            schema = pa.schema([schema.field(c) for c in self.columns], metadata=schema.metadata)
+        table = pa.Table.from_batches(kept, schema=kept[0].schema if kept else schema)
+        if table.num_rows != (total if rows is None else len(rows)):
+            raise ReadError(f"{self.urls[file_index]}: row group {row_group} decoded {decoded} of the "
+                            f"{total} rows its footer lists; did the file change?")
+        return table
+
+    def _footer_unless_small(self, file_index: int, row_group: int) -> pq.FileMetaData | None:
+        """The file's footer, or None when the catalog's byte ranges already show the group is small
+        (then the footer comes with the data, in one round)."""
+        cached = self._footers.peek(file_index)
+        if cached is not None:
+            return cached
+        if self._rg_ranges is not None:
+            compressed = sum(e - s for s, e in self._ranges(file_index, row_group, None, merge=False))
+            if compressed * _SURELY_SMALL_RATIO <= STREAM_ABOVE_BYTES:
+                return None
+        self._touch(file_index)
+        metadata, owner = self._footers.get_or_claim(file_index)
+        if metadata is not None:
+            return metadata
+        if not owner:
+            return self._footers.wait(file_index) or self._fetch_footer(file_index)
+        try:
+            metadata = self._fetch_footer(file_index)
+        except BaseException as exc:
+            self._footers.fail(file_index, exc)
+            raise
+        self._footers.put(file_index, metadata)
+        return metadata
 
     def close(self) -> None:
         """Close open handles, forget cached footers and version checks (the reader can still be used after)."""
@@ -193,8 +295,9 @@ class RowGroupReader:
         tail = self._fetch(file_index, [(start, end)])[0][1]
         return self._parse_footer(file_index, tail, known)
 
-    def _ranges(self, file_index: int, row_group: int, metadata: pq.FileMetaData | None) -> list[Range]:
-        """Coalesced ``[start, end)`` ranges of the projected chunks of one row group."""
+    def _ranges(self, file_index: int, row_group: int, metadata: pq.FileMetaData | None,
+                merge: bool = True) -> list[Range]:
+        """``[start, end)`` ranges of the projected chunks of one row group (coalesced unless ``merge=False``)."""
         if self._rg_ranges is not None:
             first = int(self._file_first_rg[file_index])
             stop = int(self._file_first_rg[file_index + 1]) if file_index + 1 < len(self.urls) else len(self._rg_ranges)
@@ -210,8 +313,8 @@ class RowGroupReader:
             names = self.columns if self.columns is not None else metadata.schema.to_arrow_schema().names
             spans = chunk_ranges(metadata, names)[row_group]
         spans = [(int(s), int(e)) for s, e in spans if e > s]
-        if not spans:
-            return []
+        if not spans or not merge:
+            return spans
         n = len(spans)
         _, starts, ends = merge_offset_ranges([""] * n, [s for s, _ in spans], [e for _, e in spans], max_gap=self.max_gap)
         return list(zip(starts, ends))
@@ -314,10 +417,11 @@ class RowGroupReader:
             raise ReadError(f"{url}: {change}")
 
     def _count(self, todo: list[int], ranges: list[Range], results: list[Any]) -> None:
-        fetched = sum(len(r) for r in results if isinstance(r, (bytes, bytearray)))
+        sizes = [len(r) for r in results if isinstance(r, (bytes, bytearray))]
         with self._lock:
             self.stats.requests += len(todo)
-            self.stats.bytes_fetched += fetched
+            self.stats.bytes_fetched += sum(sizes)
+            self.stats.largest_fetch = max([self.stats.largest_fetch, *sizes])
 
     def _touch(self, file_index: int) -> None:
         with self._lock:
@@ -349,3 +453,4 @@ class RowGroupReader:
         versions = self._versions or [""] * len(self.urls)
         change = file_change(info, self.sizes[file_index], versions[file_index])
         return f" ({change})" if change else ""
+

@@ -1,5 +1,6 @@
 """The row-group reader's bookkeeping: parsed footers fetched once, a check run once per file,
-open file handles (LRU), and a file-like view of fetched byte ranges for pyarrow."""
+open file handles (LRU), a file-like view of fetched byte ranges for pyarrow, and keeping only
+the rows a read asks for (of a decoded table, or while a streamed group is decoded)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Any, Callable
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import ReadError
@@ -43,6 +46,11 @@ class _FooterCache:
                 raise self._failed[key]
             self._pending[key] = Future()
             return None, True
+
+    def peek(self, key: int) -> pq.FileMetaData | None:
+        """The cached footer, or None (claims nothing)."""
+        with self._lock:
+            return self._done.get(key)
 
     def wait(self, key: int) -> pq.FileMetaData | None:
         """The footer another thread is fetching; None if it was already evicted again."""
@@ -190,3 +198,41 @@ class _SparseFile:
     def close(self) -> None:
         self.closed = True
 
+
+
+def keep_rows(table: pa.Table, rows: np.ndarray, url: str, row_group: int) -> pa.Table:
+    """Rows ``rows`` (sorted) of a decoded row group: a zero-copy slice when they are contiguous."""
+    if len(rows) and not 0 <= rows[0] <= rows[-1] < table.num_rows:
+        raise ReadError(f"{url}: row group {row_group} has {table.num_rows} rows, asked for rows "
+                        f"{int(rows[0])}..{int(rows[-1])}; did the file change?")
+    if len(rows) == table.num_rows:
+        return table
+    if len(rows) and rows[-1] - rows[0] == len(rows) - 1:
+        return table.slice(int(rows[0]), len(rows))
+    return table.take(pa.array(rows))
+
+
+def decode_rows(parquet: pq.ParquetFile, row_group: int, columns: list[str] | None, rows: np.ndarray | None,
+                total: int, batch_rows: int) -> tuple[list[pa.RecordBatch], int, int]:
+    """Decode row group ``row_group`` in record batches of ``batch_rows``, keeping ``rows`` (sorted;
+    None: all) and stopping after the last of them: (kept batches, rows decoded, largest batch)."""
+    stop = total if rows is None else (int(rows[-1]) + 1 if len(rows) else 0)
+    kept: list[pa.RecordBatch] = []
+    start = largest = 0
+    if not stop:
+        return kept, 0, 0
+    for batch in parquet.iter_batches(batch_size=batch_rows, row_groups=[row_group], columns=columns):
+        end = start + batch.num_rows
+        largest = max(largest, batch.num_rows)
+        if rows is None:
+            kept.append(batch)
+        else:
+            a, b = (int(x) for x in np.searchsorted(rows, [start, end]))
+            if b - a == batch.num_rows:
+                kept.append(batch)
+            elif b > a:  # a copy, so the rest of the record batch is freed
+                kept.append(batch.take(pa.array(rows[a:b] - start)))
+        start = end
+        if start >= stop:
+            break
+    return kept, start, largest
