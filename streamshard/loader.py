@@ -71,6 +71,8 @@ class _Source(Protocol):
 class _Stream:
     """A stream batches itself and keeps its loaded position for every pass over its epoch."""
 
+    slotted = True  # its workers hand batches over through shared slots (handoff.py)
+
     def __init__(self, stream: StreamSource) -> None:
         self.stream = stream
 
@@ -97,8 +99,8 @@ class _Stream:
         return DataLoader(self.stream, batch_size=None, **kwargs)  # type: ignore[arg-type]
 
     def start(self, loader: DataLoader, leases: Any) -> Iterator[Any]:
-        """Start ``loader``'s workers with the slot leases (they copy batches into shared slots);
-        the dataset forgets the leases again, so another DataLoader over it is unaffected."""
+        """Start ``loader``'s workers with the slot tables (they copy batches into shared slots);
+        the dataset forgets them again, so another DataLoader over it is unaffected."""
         self.stream._handoff = leases  # type: ignore[attr-defined]
         try:
             return iter(loader)
@@ -153,8 +155,10 @@ class _Sampled:
         return DataLoader(self.dataset, sampler=self.sampler, batch_size=self.batch_size, drop_last=self.drop_last,
                           collate_fn=self.collate_fn, **kwargs)
 
+    slotted = False  # map-style batches take torch's ordinary path (collated in the worker)
+
     def start(self, loader: DataLoader, leases: Any) -> Iterator[Any]:
-        return iter(loader)  # map-style batches take torch's ordinary path
+        return iter(loader)
 
     def _span(self) -> tuple[int, int]:
         """(first sample, samples) of the running pass, else of the pass the sampler would start next."""
@@ -234,8 +238,10 @@ class StreamLoader:
         self._resumed = False  # the dataset holds a loaded position for self._epoch
         self._loader: DataLoader | None = None
         self._loader_resume_epoch: int | None = None  # the epoch whose position its workers were started with
-        # Zero-copy hand-off from worker processes (handoff.py): the leases of every worker's slots.
-        self._slots = SlotLeases(new_leases(self.num_workers)) if self.num_workers else None
+        # Zero-copy hand-off from worker processes (handoff.py): the shared tables of every worker's slots.
+        # Slotted batches are pinned here when asked (torch's pin thread would copy the slot buffers).
+        self._slots = SlotLeases(new_leases(self.num_workers)) if self.num_workers and self._source.slotted else None
+        self._pin_slots = self.pin_memory and self._slots is not None and torch.cuda.is_available()
 
     # -- epoch and length -----------------------------------------------------------------------
     @property
@@ -284,7 +290,7 @@ class StreamLoader:
         if self._slots is not None:
             # Batches sent but never received (a pass abandoned mid-way) free their slots here.
             self._slots.reset()
-        batches = self._received(self._source.start(loader, self._slots.leases if self._slots else None))
+        batches = self._received(self._source.start(loader, self._slots.tables if self._slots else None))
         if self.device is not None:
             batches = iter(DevicePrefetcher(batches, self.device, self.prefetch_depth))
         return self._count(batches)
@@ -292,7 +298,7 @@ class StreamLoader:
     def _received(self, batches: Iterator[Any]) -> Iterator[Any]:
         for batch in batches:
             if self._slots is not None:
-                batch = self._slots.receive(batch, copied=self.pin_memory)
+                batch = self._slots.receive(batch, pin=self._pin_slots)
                 self._slots.sweep()  # slots of earlier batches the training loop (or the copy) let go of
             yield batch
 
@@ -315,8 +321,8 @@ class StreamLoader:
         reusable = (self._loader is not None and self._loader_args["persistent_workers"] and resume_epoch is None
                     and self._loader_resume_epoch != self._epoch)
         if not reusable:
-            self._loader = self._source.data_loader(num_workers=self.num_workers, pin_memory=self.pin_memory,
-                                                    **self._loader_args)
+            pin = self.pin_memory and self._slots is None  # slotted batches are pinned on receipt
+            self._loader = self._source.data_loader(num_workers=self.num_workers, pin_memory=pin, **self._loader_args)
             self._loader_resume_epoch = resume_epoch
         assert self._loader is not None
         return self._loader

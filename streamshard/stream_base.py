@@ -44,7 +44,7 @@ class PlannedStream(IterableDataset):
         self._cell = EpochCell()  # shared memory: set_epoch reaches persistent DataLoader workers
         self._position: Position | None = None  # a loaded state; applies to passes over its epoch
         self._progress: dict[str, Any] | None = None  # what this process's current pass delivered
-        self._handoff: Any = None  # StreamLoader's slot leases, seen by the workers it starts (handoff.py)
+        self._handoff: Any = None  # StreamLoader's slot tables, seen by the workers it starts (handoff.py)
         self._slots: SlotPool | None = None  # this worker process's slots
         self._repeat_warned = False
 

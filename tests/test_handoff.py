@@ -91,3 +91,17 @@ def test_cuda_batches_arrive_on_the_device_with_the_same_values(tmp_path):
     assert all(v.device.type == "cuda" for b in got for v in b.values() if isinstance(v, torch.Tensor))
     cpu = [{k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in b.items()} for b in got]
     assert same_batches(cpu, reference)
+
+
+def test_fresh_worker_processes_every_pass_never_read_a_stale_slot_mapping(tmp_path):
+    """Without persistent workers each pass forks new workers whose slot buffers are new: the main
+    process must map them afresh (same slot numbers, same buffer generations as the old workers')."""
+    path = corpus(tmp_path)
+    loader = ss.StreamLoader(stream(path), num_workers=2)
+    for epoch in range(3):
+        reference_ds = stream(path)
+        reference_ds.set_epoch(epoch)
+        reference = list(DataLoader(reference_ds, batch_size=None, num_workers=2))
+        loader.set_epoch(epoch)
+        got = [{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in b.items()} for b in loader]
+        assert same_batches(got, reference), f"epoch {epoch} differs from torch's ordinary hand-off"
