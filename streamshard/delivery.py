@@ -218,7 +218,23 @@ def spec_table(spec: BatchSpec, tables: dict[int, pa.Table]) -> pa.Table:
 def _take(table: pa.Table, rows: np.ndarray) -> pa.Table:
     if len(rows) and rows[-1] - rows[0] == len(rows) - 1 and np.all(np.diff(rows) == 1):
         return table.slice(int(rows[0]), len(rows))  # contiguous: zero-copy
-    return table.take(pa.array(rows))
+    batches = table.to_batches()
+    if len(batches) <= 1:
+        return table.take(pa.array(rows))
+    # A streamed read is many record batches; pyarrow's take on chunked list columns concatenates
+    # every chunk first (a copy of the whole part per batch), so take from each batch on its own.
+    starts = np.cumsum([0] + [b.num_rows for b in batches[:-1]])
+    which = np.searchsorted(starts, rows, side="right") - 1
+    order = np.argsort(which, kind="stable")
+    picked, bounds = which[order], np.flatnonzero(np.diff(which[order])) + 1
+    parts = [batches[int(picked[a])].take(pa.array(rows[order[a:b]] - starts[picked[a]]))
+             for a, b in zip(np.r_[0, bounds], np.r_[bounds, len(rows)])]
+    grouped = pa.Table.from_batches(parts, schema=table.schema).combine_chunks()  # this batch's rows only
+    if np.all(order[1:] > order[:-1]):
+        return grouped
+    where = np.empty_like(order)
+    where[order] = np.arange(len(order))
+    return grouped.take(pa.array(where))
 
 
 def build(spec: BatchSpec, tables: dict[int, pa.Table], convert: BatchConverter) -> Batch:

@@ -210,8 +210,10 @@ class RowGroupReader:
             raise ReadError(f"{self.urls[file_index]}: row group {row_group} has {total} rows, "
                             f"asked for rows {int(rows[0])}..{int(rows[-1])}; did the file change?")
         batch_rows = int(np.clip(STREAM_BATCH_BYTES * total // max(estimate, 1), 1, 65536))
-        leaves = max(1, len(self._ranges(file_index, row_group, metadata, merge=False)))
-        buffer = int(np.clip(STREAM_BUFFER_BYTES // leaves, min(64 * 1024, STREAM_BUFFER_BYTES), 4 * 1024 * 1024))
+        wanted = None if self.columns is None else set(self.columns)
+        leaves = sum(1 for c in range(group.num_columns)
+                     if wanted is None or group.column(c).path_in_schema.split(".")[0] in wanted)
+        buffer = int(np.clip(STREAM_BUFFER_BYTES // max(leaves, 1), min(64 * 1024, STREAM_BUFFER_BYTES), 4 * 1024 * 1024))
         source = _SparseFile(self.sizes[file_index], [], lambda s, e: self._fetch(file_index, [(s, e)])[0][1])
         parquet = pq.ParquetFile(pa.PythonFile(source, mode="r"), metadata=metadata, pre_buffer=False,
                                  buffer_size=buffer)
@@ -230,15 +232,16 @@ class RowGroupReader:
         return table
 
     def _footer_unless_small(self, file_index: int, row_group: int) -> pq.FileMetaData | None:
-        """The file's footer, or None when the catalog's byte ranges already show the group is small
-        (then the footer comes with the data, in one round)."""
+        """The file's footer, or None when the group's compressed bytes (the catalog's ranges, or a
+        cached footer) already show it is small: then nothing is estimated, and the footer comes
+        with the data in one round."""
         cached = self._footers.peek(file_index)
-        if cached is not None:
-            return cached
-        if self._rg_ranges is not None:
-            compressed = sum(e - s for s, e in self._ranges(file_index, row_group, None, merge=False))
+        if self._rg_ranges is not None or cached is not None:
+            compressed = sum(e - s for s, e in self._ranges(file_index, row_group, cached, merge=False))
             if compressed * _SURELY_SMALL_RATIO <= STREAM_ABOVE_BYTES:
                 return None
+        if cached is not None:
+            return cached
         self._touch(file_index)
         metadata, owner = self._footers.get_or_claim(file_index)
         if metadata is not None:
