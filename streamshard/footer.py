@@ -37,20 +37,34 @@ def parse_footer(
 
     ``fetch_more(start, end)`` is called once when the footer is longer than ``tail``.
     """
-    if tail[-4:] != MAGIC:
+    more = missing_footer_range(tail, size)
+    if more is not None:
+        if fetch_more is None:
+            raise FooterError(f"footer length {footer_length_of(tail, size)} does not match the "
+                              f"{len(tail) - 8} bytes cataloged")
+        tail = fetch_more(*more)
+    footer_length = footer_length_of(tail, size)
+    try:
+        return pq.read_metadata(pa.BufferReader(tail[-(footer_length + 8) :])), footer_length
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises OSError/ArrowInvalid variants
+        raise FooterError(f"corrupt Parquet footer: {exc}") from exc
+
+
+def footer_length_of(tail: bytes, size: int) -> int:
+    """The footer length the last 8 bytes of a file of ``size`` bytes state; ``FooterError`` if not Parquet."""
+    if len(tail) < 8 or tail[-4:] != MAGIC:
         kind = "encrypted Parquet is not supported" if tail[-4:] == b"PARE" else "no PAR1 magic at the end"
         raise FooterError(f"not a readable Parquet file ({kind}; truncated or another format?)")
     footer_length = int.from_bytes(tail[-8:-4], "little")
     if footer_length + 12 > size:
         raise FooterError(f"corrupt Parquet footer (length {footer_length} exceeds file size {size})")
-    if footer_length + 8 > len(tail):
-        if fetch_more is None:
-            raise FooterError(f"footer length {footer_length} does not match the {len(tail) - 8} bytes cataloged")
-        tail = fetch_more(size - footer_length - 8, size)
-    try:
-        return pq.read_metadata(pa.BufferReader(tail[-(footer_length + 8) :])), footer_length
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises OSError/ArrowInvalid variants
-        raise FooterError(f"corrupt Parquet footer: {exc}") from exc
+    return footer_length
+
+
+def missing_footer_range(tail: bytes, size: int) -> tuple[int, int] | None:
+    """None when ``tail`` holds the whole footer, else the ``[start, end)`` to fetch instead."""
+    footer_length = footer_length_of(tail, size)
+    return (size - footer_length - 8, size) if footer_length + 8 > len(tail) else None
 
 
 def column_leaves(metadata: pq.FileMetaData, names: Sequence[str]) -> list[list[int]]:

@@ -12,6 +12,7 @@ endpoint then fails at the deadline, not after the backend's own connect/read ti
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import http.client
 import logging
@@ -19,7 +20,7 @@ import random
 import socket
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator, TypeVar
+from typing import Awaitable, Callable, Iterator, TypeVar
 
 log = logging.getLogger("streamshard")
 
@@ -116,18 +117,49 @@ def call_within(
         attempt += 1
         try:
             return fn(max(policy.deadline - (time.monotonic() - start), MIN_ATTEMPT_SECONDS))
-        except Exception as exc:  # noqa: BLE001 - classified below; permanent ones re-raised
-            if not is_transient(exc):
-                raise
-            delay = next(delays, None)
-            elapsed = time.monotonic() - start
-            if delay is None or elapsed + delay + MIN_ATTEMPT_SECONDS > policy.deadline:
-                raise RetriesExhausted(attempt, elapsed, exc) from exc
-            log.warning(
-                "%s: transient %s (attempt %d of %d); retrying in %.2f s",
-                redact(what), redact(describe(exc)), attempt, policy.max_attempts, delay,
-            )
-            time.sleep(delay)
+        except Exception as exc:  # noqa: BLE001 - classified by _next_delay; permanent ones re-raised
+            delay = _next_delay(exc, attempt, start, delays, policy, what, redact)
+        time.sleep(delay)
+
+
+async def call_within_async(
+    fn: Callable[[float], Awaitable[T]],
+    policy: RetryPolicy,
+    what: str,
+    redact: Callable[[str], str] = lambda text: text,
+) -> T:
+    """``call_within`` for coroutines: ``await fn(seconds_left)``, retried; waits do not block the loop.
+
+    ``fn`` must itself bound each attempt by ``seconds_left`` (``asyncio.wait_for``).
+    """
+    start = time.monotonic()
+    delays = policy.delays()
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return await fn(max(policy.deadline - (time.monotonic() - start), MIN_ATTEMPT_SECONDS))
+        except Exception as exc:  # noqa: BLE001 - classified by _next_delay; permanent ones re-raised
+            delay = _next_delay(exc, attempt, start, delays, policy, what, redact)
+        await asyncio.sleep(delay)
+
+
+def _next_delay(
+    exc: Exception, attempt: int, start: float, delays: Iterator[float], policy: RetryPolicy, what: str,
+    redact: Callable[[str], str],
+) -> float:
+    """The wait before retrying after ``exc``, logged; re-raises a permanent ``exc``, or ``RetriesExhausted``."""
+    if not is_transient(exc):
+        raise exc
+    delay = next(delays, None)
+    elapsed = time.monotonic() - start
+    if delay is None or elapsed + delay + MIN_ATTEMPT_SECONDS > policy.deadline:
+        raise RetriesExhausted(attempt, elapsed, exc) from exc
+    log.warning(
+        "%s: transient %s (attempt %d of %d); retrying in %.2f s",
+        redact(what), redact(describe(exc)), attempt, policy.max_attempts, delay,
+    )
+    return delay
 
 
 def describe(exc: BaseException) -> str:

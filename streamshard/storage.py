@@ -181,18 +181,25 @@ def check_short_read(
     A file whose size differs from the cataloged ``size`` changed under us: ``error`` (permanent,
     naming the URL). Otherwise the body was cut short in transit: ``TransientError`` (retried).
     """
-    from .retry import TransientError
-
     try:
         fs.invalidate_cache(path)  # a listing cache would otherwise answer with the old size
-        now = int(fs.info(path, **timeout_kw(fs, timeout))["size"])
+        now: int | None = int(fs.info(path, **timeout_kw(fs, timeout))["size"])
     except FileNotFoundError:
-        raise error(f"{url}: file no longer exists (it was cataloged with {size} bytes)") from None
+        now = None
     except Exception:  # noqa: BLE001 - cannot tell whether it changed; let the retry policy decide
         now = size
+    raise short_read_error(url, size, now, got, want, error)
+
+
+def short_read_error(url: str, size: int, now: int | None, got: int, want: int, error: type[Exception]) -> Exception:
+    """What a short read means, given the file's size ``now`` (None: it is gone): ``error`` or ``TransientError``."""
+    from .retry import TransientError
+
+    if now is None:
+        return error(f"{url}: file no longer exists (it was cataloged with {size} bytes)")
     if now != size:
-        raise error(f"{url}: file is {now} bytes now but was cataloged with {size}; did it change?")
-    raise TransientError(f"{url}: got {got} of {want} bytes (truncated response)")
+        return error(f"{url}: file is {now} bytes now but was cataloged with {size}; did it change?")
+    return TransientError(f"{url}: got {got} of {want} bytes (truncated response)")
 
 
 # -- secrets in third-party log records -----------------------------------------------------------
