@@ -89,7 +89,21 @@ def _shared_filesystem(protocol: str, url: str, storage_options: dict[str, Any])
         return fs
 
 
+BACKENDS = ("fsspec", "obstore")  # storage_options["backend"]: who serves s3:// (other protocols: fsspec)
+
+
 def _new_filesystem(protocol: str, url: str, storage_options: dict[str, Any]) -> tuple[Any, str]:
+    backend = storage_options.get("backend", "fsspec")
+    if backend not in BACKENDS:
+        raise ValueError(f"storage_options backend={backend!r} is not one of {BACKENDS}")
+    storage_options = {k: v for k, v in storage_options.items() if k != "backend"}
+    if backend == "obstore" and protocol in ("s3", "s3a"):
+        from . import obstore_fs
+
+        if not obstore_fs.forked_after_use():
+            fs = obstore_fs.ObstoreFileSystem(storage_options)
+            return fs, fs._strip_protocol(url)
+        _warn_forked_obstore()
     options = with_backend_defaults(protocol, storage_options)
     attributes = {k: v for k, v in _BACKEND_ATTRIBUTES.get(protocol, {}).items() if k not in storage_options}
     if attributes:
@@ -98,6 +112,16 @@ def _new_filesystem(protocol: str, url: str, storage_options: dict[str, Any]) ->
     for name, value in attributes.items():
         setattr(fs, name, value)
     return fs, path
+
+
+def _warn_forked_obstore() -> None:
+    from . import obstore_fs
+
+    logging.getLogger("streamshard").warning(
+        "storage_options backend='obstore': this process was forked after obstore ran in its parent "
+        "(pid %d), and obstore's runtime does not survive a fork; serving s3:// through s3fs here. "
+        "Start workers with multiprocessing_context='forkserver' or 'spawn' to keep obstore in them.",
+        obstore_fs._first_use_pid)
 
 
 def with_backend_defaults(protocol: str, storage_options: dict[str, Any]) -> dict[str, Any]:
