@@ -664,8 +664,9 @@ def hung_read_case(default_deadline: bool) -> Callable[[Bench], CaseResult]:
 
 # -- injected S3 faults: an epoch identical to a fault-free one ------------------------------------
 
-FAULT_LAYOUT = [[1000] * 8] * 16  # 16 files x 8 row groups x 1,000 rows: ~200 requests an epoch
+FAULT_LAYOUT = [[600] * 6] * 32  # 32 files x 6 row groups x 600 rows: ~300 requests an epoch
 FAULT_LAYOUT_QUICK = [[1000] * 4] * 4
+FAULT_REPEATS, FAULT_REPEATS_QUICK = 3, 1  # epochs of each kind (after one warm-up); times are medians
 FAULT_KINDS = ("reset", "truncate", "stall")
 STALL_SECONDS = 2.0  # a stalled request is answered by nothing for this long, then reset
 READ_TIMEOUT = 1.0  # botocore's read timeout here: a stall is noticed after this
@@ -689,6 +690,14 @@ def _fault_epoch(url: str, options: dict[str, Any], log: LogTail) -> dict[str, A
             "rows": ds.catalog.num_rows}
 
 
+def _epochs(url: str, options: dict[str, Any], log: LogTail, proxy: FaultyProxy, repeats: int) -> dict[str, Any]:
+    """``repeats`` epochs through ``proxy`` as it is configured: every one's result, and the proxy's counts."""
+    proxy.reset_counts()
+    runs = [_fault_epoch(url, options, log) for _ in range(repeats)]
+    return {"runs": runs, "requests": proxy.count(), "injected": dict(proxy.faults_injected),
+            "seconds": float(np.median([r["seconds"] for r in runs])), "retries": sum(r["retries"] for r in runs)}
+
+
 @contextlib.contextmanager
 def fault_store(bench: Bench) -> Iterator[LocalS3]:
     """The store the fault epochs read: SeaweedFS (real ranged GETs) unless --server moto."""
@@ -700,36 +709,40 @@ def fault_store(bench: Bench) -> Iterator[LocalS3]:
 
 
 def fault_case(rate: float) -> Callable[[Bench], CaseResult]:
+    """Fault-free epochs, then epochs with ``rate`` of GETs/HEADs reset, truncated or stalled: all identical."""
     def run(bench: Bench) -> CaseResult:
         root = bench.scratch(f"faults-{int(rate * 100)}")
         write_corpus(str(root), FAULT_LAYOUT_QUICK if bench.quick else FAULT_LAYOUT, tokens="random")
+        repeats = FAULT_REPEATS_QUICK if bench.quick else FAULT_REPEATS
         with fault_store(bench) as store:
             url = store.upload(str(root), bench.bucket("faults"), "c")
             config = {"read_timeout": READ_TIMEOUT, "connect_timeout": READ_TIMEOUT}
             faults = FaultConfig(seed=7, faults=FAULT_KINDS, fault_methods=("GET", "HEAD"), stall_seconds=STALL_SECONDS)
-            with faulty_proxy(store.endpoint_url, faults) as proxy:  # both runs take the same path
+            with faulty_proxy(store.endpoint_url, faults) as proxy:  # both kinds of epoch take the same path
                 options = via(store, proxy.endpoint_url, **config)
                 _fault_epoch(url, options, bench.log)  # warm-up: one-time costs out of the clean time
-                proxy.reset_counts()
-                clean = _fault_epoch(url, options, bench.log)
-                clean_requests = proxy.count()
-                proxy.reset_counts()
+                clean = _epochs(url, options, bench.log, proxy, repeats)
                 proxy.config.fault_rate = rate
-                faulty = _fault_epoch(url, options, bench.log)
-                injected, requests = dict(proxy.faults_injected), proxy.count()
-        distinct, twice, never = coverage(faulty["ids"], faulty["rows"])
-        same = faulty["digest"] == clean["digest"] and np.array_equal(faulty["ids"], clean["ids"])
+                faulty = _epochs(url, options, bench.log, proxy, repeats)
+        reference = clean["runs"][0]
+        same = sum(r["digest"] == reference["digest"] and np.array_equal(r["ids"], reference["ids"])
+                   for r in clean["runs"][1:] + faulty["runs"])
+        covered = [coverage(r["ids"], r["rows"]) for r in faulty["runs"]]
+        exact = all((twice, never) == (0, 0) for _, twice, never in covered)
+        injected, requests = faulty["injected"], faulty["requests"]
         slowdown = faulty["seconds"] / clean["seconds"]
         kinds = ", ".join(f"{injected.get(k, 0)} {k}" for k in FAULT_KINDS)
-        observed = (f"{'identical' if same else 'DIFFERENT'} ({distinct:,} ids once, {twice} twice); "
-                    f"{sum(injected.values())}/{requests} requests faulted ({kinds}); {requests - clean_requests} "
-                    f"requests more than clean, {faulty['retries']} of them streamshard retries (logged); "
-                    f"{faulty['seconds']:.1f} s vs {clean['seconds']:.1f} s clean = {slowdown:.2f}x")
-        ok = same and (twice, never) == (0, 0) and sum(injected.values()) > 0 and faulty["retries"] > 0
-        details = {"rate": rate, "server": bench.server, "injected": injected, "requests": requests,
-                   "clean_requests": clean_requests, "retries_logged": faulty["retries"],
-                   "clean_retries_logged": clean["retries"], "seconds": faulty["seconds"],
-                   "clean_seconds": clean["seconds"], "slowdown": slowdown, "rows": faulty["rows"]}
+        observed = (f"{same} of {2 * repeats - 1} epochs identical to the first fault-free one, every id once: {exact}; "
+                    f"{sum(injected.values())}/{requests} requests faulted ({kinds}); "
+                    f"{requests - clean['requests']} requests more than fault-free, {faulty['retries']} of them "
+                    f"streamshard retries (logged); median {faulty['seconds']:.1f} s vs {clean['seconds']:.1f} s "
+                    f"= {slowdown:.2f}x")
+        ok = same == 2 * repeats - 1 and exact and sum(injected.values()) > 0 and faulty["retries"] > 0
+        details = {"rate": rate, "server": bench.server, "epochs": repeats, "rows": reference["rows"],
+                   "injected": injected, "requests": requests, "clean_requests": clean["requests"],
+                   "retries_logged": faulty["retries"], "clean_retries_logged": clean["retries"],
+                   "seconds": [r["seconds"] for r in faulty["runs"]],
+                   "clean_seconds": [r["seconds"] for r in clean["runs"]], "slowdown": slowdown}
         return observed, ok, details
     return run
 
@@ -771,9 +784,9 @@ CASES: list[Case] = [
          hung_read_case(default_deadline=False)),
     Case("9 hung endpoint: ParquetStream read, default deadline 60 s", "ReadError within the deadline",
          hung_read_case(default_deadline=True), quick=False),
-    Case("S3 faults 10% (reset/truncate/stall), StreamLoader x2", "epoch identical to fault-free, retried",
+    Case("S3 faults 10% (reset/truncate/stall), StreamLoader x2", "every epoch identical to fault-free (ids, bytes)",
          fault_case(0.10)),
-    Case("S3 faults 20% (reset/truncate/stall), StreamLoader x2", "epoch identical to fault-free, retried",
+    Case("S3 faults 20% (reset/truncate/stall), StreamLoader x2", "every epoch identical to fault-free (ids, bytes)",
          fault_case(0.20), quick=False),
 ]
 
