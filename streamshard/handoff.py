@@ -70,8 +70,8 @@ class SlotPool:
         the first time); other values pass as they are. Not a dict, or no free slot: ``batch`` itself."""
         if not isinstance(batch, dict):
             return batch
-        tensors = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor) and v.device.type == "cpu"}
-        need = sum(_aligned(v.numel() * v.element_size()) for v in tensors.values())
+        tensors = _cpu_tensors(batch)
+        need = sum(_aligned(_nbytes(v)) for v in tensors.values())
         slot = self._free_slot(need)
         if slot is None:
             self.fallbacks += 1
@@ -86,10 +86,9 @@ class SlotPool:
                 layout.append((key,))
                 message[key] = value
                 continue
-            size = value.numel() * value.element_size()
-            buffer[offset:offset + size].view(value.dtype).view(value.shape).copy_(value)
+            _copy_into(buffer, offset, value)
             layout.append((key, value.dtype, tuple(value.shape), offset))
-            offset += _aligned(size)
+            offset += _aligned(_nbytes(value))
         self.leases[self.worker_id, slot] = 1
         generation = self.generations[slot]
         message[SLOT_KEY] = (self.worker_id, slot, generation)
@@ -169,6 +168,41 @@ class SlotLeases:
         self.leases.zero_()
         for slot, _ in self.held:
             self.leases[slot] = 1
+
+
+def in_one_segment(batch: Any) -> Any:
+    """``batch`` with its CPU tensors copied into one new shared-memory segment, as views of it.
+
+    For torch's ordinary worker hand-off (a plain ``DataLoader``): torch creates a segment and passes
+    a file descriptor per tensor storage, so a batch of six tensors costs six of each; views of one
+    shared storage travel as one. Small batches (the default 256 rows) gain the most."""
+    if not isinstance(batch, dict):
+        return batch
+    tensors = _cpu_tensors(batch)
+    if len(tensors) < 2:
+        return batch
+    buffer = torch.empty(max(sum(_aligned(_nbytes(v)) for v in tensors.values()), _ALIGN),
+                         dtype=torch.uint8).share_memory_()
+    out, offset = dict(batch), 0
+    for key, value in tensors.items():
+        out[key] = _copy_into(buffer, offset, value)
+        offset += _aligned(_nbytes(value))
+    return out
+
+
+def _cpu_tensors(batch: dict[Any, Any]) -> dict[Any, torch.Tensor]:
+    return {k: v for k, v in batch.items() if isinstance(v, torch.Tensor) and v.device.type == "cpu"}
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _copy_into(buffer: torch.Tensor, offset: int, value: torch.Tensor) -> torch.Tensor:
+    """``value`` copied into ``buffer`` at byte ``offset``; the copy, as a view of the buffer."""
+    view = buffer[offset:offset + _nbytes(value)].view(value.dtype).view(value.shape)
+    view.copy_(value)
+    return view
 
 
 def _aligned(size: int) -> int:

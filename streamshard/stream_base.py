@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from torch.utils.data import IterableDataset
 
 from .batch_plan import Schedule
 from .elastic import Segment
 from .errors import StateError
-from .handoff import SlotPool
+from .handoff import SlotPool, in_one_segment
 from .resume import Planner, Position, Start, WorkerPosition
 from .shared_cell import EpochCell
 from .state import STATE_VERSION, check_fingerprint, history_json, int_field, parse_history, require
@@ -191,12 +191,12 @@ class PlannedStream(IterableDataset):
             "epoch": self.epoch, "history": start.history, "num_workers": num_workers, "worker_id": worker_id,
             "role": start.role, "skip": start.start, "delivered": start.start,
         }
-        return self._counted(start, progress, self._slot_pool(worker_id, num_workers))
+        return self._counted(start, progress, self._hand_off(worker_id, num_workers))
 
-    def _counted(self, start: Start, progress: dict[str, Any], slots: SlotPool | None) -> Iterator[Any]:
+    def _counted(self, start: Start, progress: dict[str, Any], hand_off: Callable[[Any], Any] | None) -> Iterator[Any]:
         for batch in self._deliver(start):
             progress["delivered"] += 1
-            yield batch if slots is None else slots.place(batch)
+            yield batch if hand_off is None else hand_off(batch)
 
     def _notice_repeated_epoch(self) -> None:
         """A second full pass over one shuffled epoch repeats its order exactly: say so, once."""
@@ -216,13 +216,17 @@ class PlannedStream(IterableDataset):
         """Whether the order depends on the epoch (a repeated epoch is then worth a warning)."""
         return True
 
-    def _slot_pool(self, worker_id: int, num_workers: int) -> SlotPool | None:
-        """This worker's slots, when a ``StreamLoader`` started it (kept across passes of persistent workers)."""
-        if self._handoff is None or num_workers == 0:
+    def _hand_off(self, worker_id: int, num_workers: int) -> Callable[[Any], Any] | None:
+        """How a DataLoader worker passes its batches on (``handoff.py``): into this worker's slots when a
+        ``StreamLoader`` started it (kept across passes of persistent workers), else each batch in one
+        shared-memory segment for torch's own queue; in the main process, as they are."""
+        if num_workers == 0:
             return None
+        if self._handoff is None:
+            return in_one_segment
         if self._slots is None or self._slots.pid != os.getpid():
             self._slots = SlotPool(self._handoff, worker_id)
-        return self._slots
+        return self._slots.place
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_slots": None}  # a worker's slots stay in that worker

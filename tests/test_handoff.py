@@ -105,3 +105,15 @@ def test_fresh_worker_processes_every_pass_never_read_a_stale_slot_mapping(tmp_p
         loader.set_epoch(epoch)
         got = [{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in b.items()} for b in loader]
         assert same_batches(got, reference), f"epoch {epoch} differs from torch's ordinary hand-off"
+
+
+def test_a_plain_dataloaders_batch_travels_as_one_shared_segment_with_the_same_values(tmp_path):
+    """Without StreamLoader, a worker puts all tensors of a batch in one shared-memory segment, so
+    torch passes one segment per batch instead of one per tensor; the values are unchanged."""
+    path = corpus(tmp_path)
+    in_process = list(stream(path))
+    from_workers = list(DataLoader(stream(path), batch_size=None, num_workers=1))
+    assert same_batches(from_workers, in_process)
+    for batch in from_workers:
+        storages = {v.untyped_storage().data_ptr() for v in batch.values() if isinstance(v, torch.Tensor)}
+        assert len(storages) == 1, f"{len(storages)} segments for one batch"
