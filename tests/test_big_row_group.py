@@ -149,3 +149,16 @@ def test_the_rows_of_the_parts_of_a_row_group_cover_it_once_wherever_it_is_cut(r
         np.testing.assert_array_equal(part, np.sort(plan.row_positions(1, lo, hi)))
         parts.append(part)
     np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(rows))
+
+
+def test_a_split_huge_row_group_on_s3_streams_the_same_rows_as_local_disk(corpus, s3):
+    remote = s3.upload(corpus, "big-bucket", "big")
+    for rank in range(2):
+        local_batches, _ = _one_rank(corpus, rank, 2)
+        ds = make(remote, storage_options=s3.storage_options)(rank, 2)
+        seen = []
+        ds.stats_hook = seen.append
+        remote_batches = list(ds)
+        assert seen[-1].reads.row_groups_streamed >= 1 and seen[-1].reads.misses == 0
+        for a, b in zip(remote_batches, local_batches, strict=True):
+            assert a.keys() == b.keys() and all(np.array_equal(a[k].numpy(), b[k].numpy()) for k in a)
