@@ -500,3 +500,53 @@ def test_a_cache_event_is_one_warning_not_a_warning_and_a_log_line(tmp_path, cap
         ActivationCache(str(tmp_path / "c"), host_bytes=0, disk_bytes=1 << 20, key="b").close()
     assert len(caught) == 1
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize("shape", [[10**12, 10**6], [-3], "16", [0], [True], [2**62, 2**62]])
+def test_a_damaged_meta_json_shape_is_ignored_with_a_warning_and_the_cache_rebuilt(tmp_path, shape):
+    """A meta.json whose shape is not a list of positive ints, or claims an absurd record size, is
+    discarded (warning), never a crash, a huge allocation or a spec that refuses the real records."""
+    import json
+
+    with ActivationCache(tmp_path, key="k", host_bytes=0) as cache:
+        fill(cache, range(10))
+    meta_path = tmp_path / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["shape"] = shape
+    meta_path.write_text(json.dumps(meta))
+    with pytest.warns(CacheWarning):
+        cache = ActivationCache(tmp_path, key="k", host_bytes=0)
+    with cache:
+        assert not assert_exact_or_miss(cache, torch.arange(10)).any(), "entries under a damaged spec were served"
+        fill(cache, range(5))
+        assert assert_exact_or_miss(cache, torch.arange(5)).all()
+
+
+def test_values_with_an_empty_or_huge_record_are_refused_by_argument(tmp_path):
+    with ActivationCache(tmp_path, key="k", host_bytes=1 << 20) as cache:
+        with pytest.raises(ValueError, match="values: a record's shape must be positive ints"):
+            cache.put(torch.arange(3), torch.ones(3, 0))
+
+
+def test_a_failed_index_commit_leaves_no_temp_file(tmp_path):
+    """A write refused by the kernel (here: a file-size limit, EFBIG, as a full disk would) warns and
+    leaves no index.npy.tmp behind; the records stay readable."""
+    script = textwrap.dedent(f"""
+        import resource, signal, warnings, torch
+        from streamshard.cache import ActivationCache
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        cache = ActivationCache({str(tmp_path)!r}, key="k", host_bytes=0)
+        ids = torch.arange(1000)
+        cache.put(ids, ids[:, None].to(torch.float32) * 1000.0 + torch.arange({DIM}, dtype=torch.float32))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # the index needs ~8 KB
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cache.close()
+        print(any("could not commit cache index" in str(w.message) for w in caught))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True", out.stdout + out.stderr
+    assert not (tmp_path / "index.npy.tmp").exists(), "a failed commit left its temp file"
+    with open_disk_only(tmp_path) as cache:
+        assert assert_exact_or_miss(cache, torch.arange(1000)).all()

@@ -260,6 +260,10 @@ class ActivationCache:
             raise ValueError(f"values must be a tensor with one row per sample id ({ids.size}), got {shape}")
         spec = RecordSpec(tuple(values.shape[1:]), values.dtype)
         if self._spec is None:
+            try:
+                RecordSpec.checked(spec.shape, spec.dtype)
+            except ValueError as exc:
+                raise ValueError(f"values: {exc}") from None
             self._attach(spec)
         elif spec != self._spec:
             raise RecordSpecError(

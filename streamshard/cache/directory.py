@@ -11,10 +11,11 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 import torch
@@ -25,6 +26,7 @@ from .errors import CacheLockedError
 __all__ = ["CacheFiles", "DirectoryLock", "RecordSpec", "key_digest", "open_disk", "read_meta", "wipe_files"]
 
 _FORMAT = "streamshard.activation_cache/1"
+_MAX_RECORD_BYTES = 1 << 30  # per sample; a meta.json claiming more is damaged, not a plan
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,7 @@ class RecordSpec:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize  # exact: a damaged shape must not overflow
 
     def to_json(self) -> dict:
         return {"shape": list(self.shape), "dtype": str(self.dtype).removeprefix("torch.")}
@@ -46,7 +48,21 @@ class RecordSpec:
         dtype = getattr(torch, str(meta["dtype"]), None)
         if not isinstance(dtype, torch.dtype):
             raise ValueError(f"unknown dtype {meta['dtype']!r}")
-        return cls(tuple(int(d) for d in meta["shape"]), dtype)
+        shape = meta["shape"]
+        if not isinstance(shape, list):
+            raise ValueError(f"shape must be a list of positive ints, got {shape!r}")
+        return cls.checked(shape, dtype)
+
+    @classmethod
+    def checked(cls, shape: Sequence[object], dtype: torch.dtype) -> "RecordSpec":
+        """A spec whose dims are positive ints and whose record fits the per-record limit, else ValueError."""
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in shape):
+            raise ValueError(f"a record's shape must be positive ints, got {list(shape)!r}")
+        spec = cls(tuple(int(d) for d in shape), dtype)  # type: ignore[arg-type]
+        if spec.nbytes > _MAX_RECORD_BYTES:
+            raise ValueError(f"a record of shape {spec.shape} {dtype} takes {spec.nbytes:,} bytes, over the "
+                             f"{_MAX_RECORD_BYTES:,} a cache record may hold")
+        return spec
 
 
 class CacheFiles:

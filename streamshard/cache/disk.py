@@ -12,6 +12,7 @@ record spec, so a torn or corrupted record is a miss, never garbage.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -174,6 +175,8 @@ class DiskTier:
             os.replace(tmp, self._dir / "index.npy")
             self._uncommitted = 0
         except OSError as exc:
+            with contextlib.suppress(OSError):  # a disk-full write leaves nothing behind
+                tmp.unlink(missing_ok=True)
             self._warn(f"could not commit cache index in {self._dir}: {exc}")
 
     def close(self) -> None:
