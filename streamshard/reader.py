@@ -66,6 +66,7 @@ FOOTER_PROBE_BYTES = 16 * 1024
 STREAM_ABOVE_BYTES = 64 * 1024 * 1024
 STREAM_BATCH_BYTES = 16 * 1024 * 1024  # decoded bytes per record batch of a streamed row group
 STREAM_BUFFER_BYTES = 16 * 1024 * 1024  # compressed bytes buffered over all columns while streaming
+_PART_CHUNKS = 8  # a streamed part is gathered into about this many chunks (a take costs per chunk)
 # A group this many times smaller (compressed) than STREAM_ABOVE_BYTES is read whole without first
 # fetching its footer to estimate its decoded size (keeps footer and data in one round).
 _SURELY_SMALL_RATIO = 32
@@ -217,7 +218,9 @@ class RowGroupReader:
         source = _SparseFile(self.sizes[file_index], [], lambda s, e: self._fetch(file_index, [(s, e)])[0][1])
         parquet = pq.ParquetFile(pa.PythonFile(source, mode="r"), metadata=metadata, pre_buffer=False,
                                  buffer_size=buffer)
-        kept, decoded, largest = decode_rows(parquet, row_group, self.columns, rows, total, batch_rows)
+        part = estimate if rows is None else estimate * len(rows) // max(total, 1)
+        combine = max(4 * STREAM_BATCH_BYTES, part // _PART_CHUNKS)
+        kept, decoded, largest = decode_rows(parquet, row_group, self.columns, rows, total, batch_rows, combine)
         with self._lock:
             self.stats.row_groups_streamed += 1
             self.stats.rows_decoded += decoded

@@ -213,12 +213,17 @@ def keep_rows(table: pa.Table, rows: np.ndarray, url: str, row_group: int) -> pa
 
 
 def decode_rows(parquet: pq.ParquetFile, row_group: int, columns: list[str] | None, rows: np.ndarray | None,
-                total: int, batch_rows: int) -> tuple[list[pa.RecordBatch], int, int]:
+                total: int, batch_rows: int, combine_bytes: int) -> tuple[list[pa.RecordBatch], int, int]:
     """Decode row group ``row_group`` in record batches of ``batch_rows``, keeping ``rows`` (sorted;
-    None: all) and stopping after the last of them: (kept batches, rows decoded, largest batch)."""
+    None: all) and stopping after the last of them: (kept batches, rows decoded, largest batch).
+
+    Rows picked out of record batches (scattered rows: a shuffled part) are gathered into batches of
+    about ``combine_bytes``, so a part is a few chunks: taking a training batch's rows costs per
+    chunk and column (one more copy of at most ``combine_bytes`` at a time)."""
     stop = total if rows is None else (int(rows[-1]) + 1 if len(rows) else 0)
     kept: list[pa.RecordBatch] = []
-    start = largest = 0
+    picked: list[pa.RecordBatch] = []
+    start = largest = picked_bytes = 0
     if not stop:
         return kept, 0, 0
     for batch in parquet.iter_batches(batch_size=batch_rows, row_groups=[row_group], columns=columns):
@@ -229,10 +234,26 @@ def decode_rows(parquet: pq.ParquetFile, row_group: int, columns: list[str] | No
         else:
             a, b = (int(x) for x in np.searchsorted(rows, [start, end]))
             if b - a == batch.num_rows:
+                if picked:  # rows stay in file order
+                    kept.append(_combine(picked))
+                    picked, picked_bytes = [], 0
                 kept.append(batch)
             elif b > a:  # a copy, so the rest of the record batch is freed
-                kept.append(batch.take(pa.array(rows[a:b] - start)))
+                picked.append(batch.take(pa.array(rows[a:b] - start)))
+                picked_bytes += picked[-1].nbytes
+                if picked_bytes >= combine_bytes:
+                    kept.append(_combine(picked))
+                    picked, picked_bytes = [], 0
         start = end
         if start >= stop:
             break
+    if picked:
+        kept.append(_combine(picked))
     return kept, start, largest
+
+
+def _combine(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    """One record batch of ``batches`` (a copy)."""
+    if len(batches) == 1:
+        return batches[0]
+    return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
