@@ -96,7 +96,6 @@ def check_conversion_options(lists: str, decimals: str, inner_nulls: str) -> Non
 
 class _How(NamedTuple):
     decimals: str
-    source: str
 
 
 class BatchConverter:
@@ -113,7 +112,7 @@ class BatchConverter:
         """
         check_conversion_options(lists, decimals, inner_nulls)
         self.schema = schema
-        self._how = _How(decimals, source)
+        self._how = _How(decimals)
         planner = _Planner(source, lists == "flat", decimals, inner_nulls == "mask")
         self._columns = [(field.name, planner.column(field)) for field in schema]
         self._keys = list(planner.keys)
@@ -175,9 +174,9 @@ def _numbers_leaf(node: _Leaf, array: pa.Array, levels: list[Level], out: Batch,
     try:
         values = numbers(array, how.decimals)
     except ValueFault as exc:
-        raise ConversionError(f"column {node.key!r} of {how.source or 'this dataset'}: {exc}") from None
+        raise ConversionError(f"column {node.key!r}: {exc}") from None  # delivery adds the file and row group
     if node.mask is None and levels and array.null_count:
-        raise ConversionError(f"column {node.key!r} of {how.source or 'this dataset'}: null values inside lists; "
+        raise ConversionError(f"column {node.key!r}: null values inside lists; "
                               "pass inner_nulls='mask' to read them as 0 with a <name>_values_mask entry")
     present = valid(array) if node.mask is not None else None
     if node.padded:
