@@ -132,7 +132,7 @@ class Catalog:
         paths: str | Sequence[str],
         columns: Sequence[str] | None = None,
         storage_options: dict[str, Any] | None = None,
-        max_concurrency: int = 64,
+        max_concurrency: int = 32,
         cache_dir: str | None = None,
         retry: RetryPolicy | None = None,
         distributed: bool = True,
@@ -141,8 +141,8 @@ class Catalog:
     ) -> "Catalog":
         """List the files ``paths`` names and read every footer.
 
-        ``max_concurrency``: footer requests in flight (64: s3fs's connection pool here; at 20 ms per
-        request a cold catalog of 2,000 files waits on latency with fewer).
+        ``max_concurrency``: footer requests in flight (at 20 ms per request, 64 builds a cold catalog
+        of 2,000 files about 1.3x faster than 32; s3fs's connection pool here holds 64).
         ``cache_dir``: keep footer summaries there and reuse those of unchanged files.
         ``retry``: how transient storage faults are retried (default ``RetryPolicy()``).
         ``distributed``: when torch.distributed is initialised, split the footer reads across
