@@ -345,7 +345,7 @@ def test_python_dash_m_runs_the_command(corpus, tmp_path):
     failed = subprocess.run([sys.executable, "-m", "streamshard", "inspect", str(tmp_path / "missing")],
                             capture_output=True, text=True, env=env, timeout=120)
     assert failed.returncode == 1 and failed.stdout == ""
-    assert_one_line_error(failed.stderr, "no files matched")
+    assert_one_line_error(failed.stderr, "missing' does not exist")
 
 
 def test_inspect_reads_s3_with_storage_options_from_a_file(corpus, s3, tmp_path):

@@ -163,12 +163,12 @@ def test_s3_keys_with_glob_characters_are_taken_literally(s3, tmp_path):
 # -- 4. every error names its place and cause ------------------------------------------------------
 
 @pytest.mark.parametrize("path, cause", [
-    ("s3://no-such-bucket-x/data/", r"no files matched 's3://no-such-bucket-x/data/': it does not exist "
-                                    r"\(FileNotFoundError: The specified bucket does not exist\)"),
+    ("s3://no-such-bucket-x/data/", r"^'s3://no-such-bucket-x/data/' does not exist: its bucket does not exist "
+                                    r"\(NoSuchBucket; FileNotFoundError: The specified bucket does not exist\)"),
     ("s3://no-such-bucket-x/data/*.parquet", r"no files matched 's3://no-such-bucket-x/data/\*\.parquet': "
-                                             r"'s3://no-such-bucket-x/data' does not exist \(FileNotFoundError: "
-                                             r"The specified bucket does not exist\)"),
-    ("s3://corpus-bucket-y/nothing/", r"no files matched 's3://corpus-bucket-y/nothing/': it does not exist"),
+                                             r"'s3://no-such-bucket-x/data' does not exist: its bucket does not exist "
+                                             r"\(NoSuchBucket; FileNotFoundError: The specified bucket does not exist\)"),
+    ("s3://corpus-bucket-y/nothing/", r"^'s3://corpus-bucket-y/nothing/' does not exist \((?!NoSuchBucket)"),
 ])
 def test_a_missing_bucket_or_prefix_is_reported_with_its_cause(s3, path, cause):
     s3.filesystem().makedirs("corpus-bucket-y", exist_ok=True)
