@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from .errors import StateError
 from .handoff import SlotLeases, new_leases
+from .thread_workers import round_robin
 from .prefetch import DevicePrefetcher
 from .sampler import ElasticSampler
 from .validate import check_bool, check_int
@@ -167,6 +168,30 @@ class _Sampled:
         return self.sampler.resume_point, len(self.sampler)
 
 
+def _worker_kind(workers: str, source: Any, dataset: Any, num_workers: int, context: Any,
+                 init: Callable[[int], None] | None) -> str:
+    """"threads" or "processes": ``workers="auto"`` takes threads for a stream without a Python
+    ``transform`` (pyarrow decodes without the GIL; nothing crosses a process boundary) unless a
+    ``multiprocessing_context`` or ``worker_init_fn`` asks for processes."""
+    if workers not in ("auto", "threads", "processes"):
+        raise ValueError(f"workers must be 'auto', 'threads' or 'processes', got {workers!r}")
+    if num_workers == 0:
+        return "none"  # the pass runs in the loop's own thread
+    if workers == "threads" and not source.slotted:
+        raise ValueError("workers='threads' runs streams (ParquetStream, BlendedStream, PackedStream); a map-style "
+                         "dataset with a sampler is collated in worker processes: use workers='processes'")
+    if workers != "auto":
+        return workers
+    plain = getattr(dataset, "transform", None) is None and context is None and init is None
+    return "threads" if source.slotted and plain else "processes"
+
+
+def _pinned(batch: Any) -> Any:
+    if not isinstance(batch, dict):
+        return batch
+    return {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
 class StreamLoader:
     """Iterate ``dataset`` with ``num_workers`` worker processes and keep the data checkpoint.
 
@@ -196,6 +221,13 @@ class StreamLoader:
             ``prefetch_depth`` batches ahead, on CUDA through reusable pinned buffers and a side
             stream while the previous step computes (``DevicePrefetcher``). The checkpoint counts
             the batches handed out, not the ones copied ahead.
+        workers: "threads", "processes" or "auto" (the default): threads for a stream without a
+            ``transform``, ``worker_init_fn`` or ``multiprocessing_context``, processes otherwise
+            (and for map-style datasets). Thread workers run each worker's pass in this process
+            (pyarrow decodes without the GIL) and hand batches over without a copy
+            (``thread_workers.py``); choose processes for Python-heavy transforms, or where many
+            workers' Python bookkeeping would contend for the GIL. Both deliver the same batches in
+            the same order, so a checkpoint resumes under either.
 
     Worker processes hand batches over through recycled shared-memory slots (``handoff.py``):
     no fresh shared-memory segment per tensor, and a batch the training loop still holds is
@@ -219,10 +251,13 @@ class StreamLoader:
         drop_last: bool = False,
         device: str | torch.device | None = None,
         prefetch_depth: int = 2,
+        workers: str = "auto",
     ) -> None:
         self.dataset = dataset
         self._source = _source(dataset, sampler, batch_size, collate_fn, drop_last)
         self.num_workers = check_int(num_workers, "num_workers", 0, 1024)
+        self.workers = _worker_kind(workers, self._source, dataset, self.num_workers, multiprocessing_context,
+                                    worker_init_fn)
         if persistent_workers and not self.num_workers:
             raise ValueError("persistent_workers=True needs num_workers > 0")
         self.device = None if device is None else torch.device(device)
@@ -240,7 +275,8 @@ class StreamLoader:
         self._loader_resume_epoch: int | None = None  # the epoch whose position its workers were started with
         # Zero-copy hand-off from worker processes (handoff.py): the shared tables of every worker's slots.
         # Slotted batches are pinned here when asked (torch's pin thread would copy the slot buffers).
-        self._slots = SlotLeases(new_leases(self.num_workers)) if self.num_workers and self._source.slotted else None
+        slotted = self.num_workers and self._source.slotted and self.workers == "processes"
+        self._slots = SlotLeases(new_leases(self.num_workers)) if slotted else None
         self._pin_slots = self.pin_memory and self._slots is not None and torch.cuda.is_available()
 
     # -- epoch and length -----------------------------------------------------------------------
@@ -286,11 +322,19 @@ class StreamLoader:
             self._consumed, self._resumed = 0, True
         self._source.set_epoch(self._epoch)  # the catalog is read here once; workers inherit it
         self._source.begin_pass()
-        loader = self._data_loader()
-        if self._slots is not None:
-            # Batches sent but never received (a pass abandoned mid-way) free their slots here.
-            self._slots.reset()
-        batches = self._received(self._source.start(loader, self._slots.tables if self._slots else None))
+        if self.workers == "threads":
+            assert isinstance(self._source, _Stream) and self.num_workers > 0
+            depth = self._loader_args["prefetch_factor"] or 2
+            batches = round_robin(self._source.stream.worker_passes(self.num_workers), depth,
+                                  self._loader_args["timeout"])
+            if self.pin_memory and torch.cuda.is_available():
+                batches = map(_pinned, batches)
+        else:
+            loader = self._data_loader()
+            if self._slots is not None:
+                # Batches sent but never received (a pass abandoned mid-way) free their slots here.
+                self._slots.reset()
+            batches = self._received(self._source.start(loader, self._slots.tables if self._slots else None))
         if self.device is not None:
             batches = iter(DevicePrefetcher(batches, self.device, self.prefetch_depth))
         return self._count(batches)

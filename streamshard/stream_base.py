@@ -193,6 +193,17 @@ class PlannedStream(IterableDataset):
         }
         return self._counted(start, progress, self._hand_off(worker_id, num_workers))
 
+    def worker_passes(self, num_workers: int) -> list[Iterator[Any]]:
+        """This rank's pass as ``num_workers`` workers in this process (``StreamLoader``'s thread
+        workers): worker ``w``'s batches, exactly what DataLoader worker ``w`` would deliver."""
+        n = check_int(num_workers, "num_workers", 1)
+        self._cell.workers = n
+        starts = [self._start(worker, n) for worker in range(n)]
+        self._notice_repeated_epoch()
+        for worker, start in enumerate(starts):
+            self._before_pass(start, worker, n)
+        return [self._deliver(start) for start in starts]
+
     def _counted(self, start: Start, progress: dict[str, Any], hand_off: Callable[[Any], Any] | None) -> Iterator[Any]:
         for batch in self._deliver(start):
             progress["delivered"] += 1

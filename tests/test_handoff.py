@@ -1,4 +1,4 @@
-"""StreamLoader's hand-off from worker processes: recycled shared-memory slots, never overwritten while used."""
+"""StreamLoader's hand-off from worker processes (workers="processes"): recycled shared-memory slots, never overwritten while used."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def test_dropped_batches_recycle_their_slots_and_kept_ones_are_never_overwritten
     path = corpus(tmp_path)
     reference = list(DataLoader(stream(path), batch_size=None, num_workers=2))  # torch's ordinary hand-off
     kept, views, copies, storages = {}, {}, {}, set()
-    for i, batch in enumerate(ss.StreamLoader(stream(path), num_workers=2)):
+    for i, batch in enumerate(ss.StreamLoader(stream(path), num_workers=2, workers="processes")):
         assert SLOT_KEY not in batch
         storages.add(batch["input_ids"].untyped_storage().data_ptr())
         if i % 5 == 0:
@@ -49,7 +49,7 @@ def test_dropped_batches_recycle_their_slots_and_kept_ones_are_never_overwritten
 def test_a_plain_dataloader_over_the_same_dataset_is_not_affected(tmp_path):
     path = corpus(tmp_path)
     ds = stream(path)
-    list(ss.StreamLoader(ds, num_workers=2))
+    list(ss.StreamLoader(ds, num_workers=2, workers="processes"))
     batches = list(DataLoader(ds, batch_size=None, num_workers=2))
     assert batches and all(SLOT_KEY not in b for b in batches)
 
@@ -57,7 +57,7 @@ def test_a_plain_dataloader_over_the_same_dataset_is_not_affected(tmp_path):
 def test_persistent_workers_and_abandoned_passes_keep_delivering_correct_batches(tmp_path):
     path = corpus(tmp_path)
     reference = list(DataLoader(stream(path), batch_size=None, num_workers=2))
-    loader = ss.StreamLoader(stream(path), num_workers=2, persistent_workers=True)
+    loader = ss.StreamLoader(stream(path), num_workers=2, persistent_workers=True, workers="processes")
     got = []
     for stop in (3, 7, 10_000):  # abandon two passes mid-way (prefetched batches are never received)
         for batch in loader:
@@ -71,7 +71,7 @@ def test_persistent_workers_and_abandoned_passes_keep_delivering_correct_batches
 
 def test_a_device_loader_counts_the_batches_it_hands_out_not_those_copied_ahead(tmp_path):
     path = corpus(tmp_path)
-    plain = ss.StreamLoader(stream(path), num_workers=2)
+    plain = ss.StreamLoader(stream(path), num_workers=2, workers="processes")
     on_device = ss.StreamLoader(stream(path), num_workers=2, device="cpu", prefetch_depth=3)
     head = list(itertools.islice(plain, 4))
     assert same_batches(list(itertools.islice(on_device, 4)), head)
@@ -97,7 +97,7 @@ def test_fresh_worker_processes_every_pass_never_read_a_stale_slot_mapping(tmp_p
     """Without persistent workers each pass forks new workers whose slot buffers are new: the main
     process must map them afresh (same slot numbers, same buffer generations as the old workers')."""
     path = corpus(tmp_path)
-    loader = ss.StreamLoader(stream(path), num_workers=2)
+    loader = ss.StreamLoader(stream(path), num_workers=2, workers="processes")
     for epoch in range(3):
         reference_ds = stream(path)
         reference_ds.set_epoch(epoch)

@@ -1,0 +1,85 @@
+"""StreamLoader's thread workers: the same batches, in the same order, as worker processes."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+import streamshard as ss
+from streamshard.testing import write_corpus
+
+from resume_harness import as_checkpoint, same_batches
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("threads")
+    write_corpus(str(root), [[200, 30, 170], [90] * 4, [500], [7, 1]])
+    return str(root)
+
+
+def stream(path, **kwargs):
+    return ss.ParquetStream(path, batch_size=64, shuffle=True, seed=2, rank=1, world_size=2, **kwargs)
+
+
+def copies(batches):
+    return [{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in b.items()} for b in batches]
+
+
+@pytest.mark.parametrize("num_workers", [1, 3])
+def test_thread_workers_deliver_what_process_workers_deliver_in_the_same_order(corpus, num_workers):
+    threads = ss.StreamLoader(stream(corpus), num_workers=num_workers, workers="threads")
+    processes = ss.StreamLoader(stream(corpus), num_workers=num_workers, workers="processes")
+    assert threads.workers == "threads" and processes.workers == "processes"
+    for epoch in range(2):
+        threads.set_epoch(epoch)
+        processes.set_epoch(epoch)
+        got, expected = copies(threads), copies(processes)
+        assert len(got) == len(expected) == threads.dataset.steps_per_epoch(num_workers)
+        assert same_batches(got, expected), f"epoch {epoch}: thread workers differ from process workers"
+
+
+def test_a_checkpoint_from_thread_workers_resumes_under_process_workers(corpus):
+    full = copies(ss.StreamLoader(stream(corpus), num_workers=2, workers="processes"))
+    first = ss.StreamLoader(stream(corpus), num_workers=2, workers="threads")
+    iterator = iter(first)
+    head = copies([next(iterator) for _ in range(3)])
+    del iterator
+    resumed = ss.StreamLoader(stream(corpus), num_workers=2, workers="processes")
+    resumed.load_state_dict(as_checkpoint(first.state_dict()))
+    assert same_batches(head + copies(resumed), full)
+
+
+def test_auto_takes_threads_for_plain_streams_and_processes_otherwise(corpus):
+    assert ss.StreamLoader(stream(corpus), num_workers=2).workers == "threads"
+    assert ss.StreamLoader(stream(corpus, transform=lambda b: b), num_workers=2).workers == "processes"
+    assert ss.StreamLoader(stream(corpus), num_workers=2, worker_init_fn=lambda w: None).workers == "processes"
+    assert ss.StreamLoader(stream(corpus), num_workers=0).workers == "none"
+    with pytest.raises(ValueError, match="workers must be"):
+        ss.StreamLoader(stream(corpus), num_workers=2, workers="fibers")
+
+
+def test_a_worker_error_reaches_the_loop_with_its_type_and_leaving_early_stops_the_threads(corpus, tmp_path):
+    before = threading.active_count()
+    loader = ss.StreamLoader(stream(corpus), num_workers=3, workers="threads")
+    iterator = iter(loader)
+    next(iterator)
+    del iterator  # an abandoned pass
+    deadline = time.monotonic() + 10
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() <= before, "worker threads outlived the abandoned pass"
+
+    write_corpus(str(tmp_path), [[50, 50]])
+    bad = stream(str(tmp_path))
+    bad.set_epoch(0)
+    victim = sorted(tmp_path.glob("*.parquet"))[0]
+    data = victim.read_bytes()
+    victim.write_bytes(data[:4] + b"\0" * (len(data) - 8) + data[-4:])  # same size, pages destroyed
+    import os
+    os.utime(victim, ns=(1, 1))  # and an old mtime: the version check sees a change
+    with pytest.raises(ss.ReadError, match=victim.name):
+        list(ss.StreamLoader(bad, num_workers=2, workers="threads"))
