@@ -271,12 +271,12 @@ def stream_pass(loader: Any, total_rows: int) -> dict[str, float]:
 
 def make_loader(
     paths: str, batch_size: int | None, num_workers: int, options: dict[str, Any] | None, loader: str = "dataloader",
-    **kwargs: Any,
+    workers: str = "auto", **kwargs: Any,
 ) -> Any:
     ds = ParquetStream(paths, columns=COLUMNS, batch_size=batch_size, storage_options=options, **kwargs)
     ds.set_epoch(0)  # footers read here, once, in the main process
     if loader == "stream":  # every pass is the next epoch: another order, the same work
-        return StreamLoader(ds, num_workers=num_workers, persistent_workers=num_workers > 0)
+        return StreamLoader(ds, num_workers=num_workers, persistent_workers=num_workers > 0, workers=workers)
     if num_workers == 0:
         return ds
     return DataLoader(ds, batch_size=None, num_workers=num_workers, persistent_workers=True)
@@ -499,6 +499,8 @@ def measure(directory: Path, stats: CorpusStats, spec: CorpusSpec, repeats: int,
         ("ParquetStream local, bs=None, 2 workers", str(directory), None, 2, None, {}),
         ("ParquetStream local, defaults (bs=256), 2 workers", str(directory), 256, 2, None, {}),
         ("StreamLoader local, defaults (bs=256), 2 workers", str(directory), 256, 2, None, {"loader": "stream"}),
+        ("StreamLoader local, bs=256, 2 worker processes", str(directory), 256, 2, None,
+         {"loader": "stream", "workers": "processes"}),
         ("ParquetStream local, bs=None, 1 worker", str(directory), None, 1, None, {}),
         ("ParquetStream local, bs=1024, 2 workers", str(directory), 1024, 2, None, {}),
         ("ParquetStream local, bs=None, 2 workers, lists=flat", str(directory), None, 2, None, {"lists": "flat"}),
