@@ -256,7 +256,7 @@ class ParquetStream(PlannedStream):
 
     def _deliver(self, start: Start) -> Iterator[Any]:
         reader = RowGroupReader.from_catalog(self.catalog, self.storage_options)
-        stats = DeliveryStats(reader.stats) if self.stats_hook is not None else None
+        stats = DeliveryStats(reader.stats, start.worker_id) if self.stats_hook is not None else None
         try:
             read = lambda what: self._read(reader, what)  # noqa: E731
             place = lambda what: self.catalog.place(what.rg)  # noqa: E731 - for conversion errors

@@ -38,12 +38,13 @@ _MAX_LOOKAHEAD = 64  # batch specs computed ahead to find the next row groups to
 class DeliveryStats:
     """Where a worker's time went, for ``ParquetStream.stats_hook`` (``streamshard bench`` reads it).
 
-    ``busy_s``: producing batches (inside ``next()``); ``wait_s``: the part of it blocked on row-group
+    ``worker``: which of the rank's workers; ``busy_s``: producing batches (inside ``next()``); ``wait_s``: the part of it blocked on row-group
     reads; ``convert_s``: Arrow -> torch; ``reads``: the reader's own counters (bytes fetched, fetch
     and decode seconds, summed over the read-ahead threads).
     """
 
     reads: ReadStats
+    worker: int = 0  # the rank's worker (DataLoader process or StreamLoader thread) these are of
     rows: int = 0
     batches: int = 0
     busy_s: float = 0.0

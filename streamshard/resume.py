@@ -48,6 +48,7 @@ class Start:
     start: int
     role: int
     history: list[Segment]  # segments completed under earlier topologies
+    worker_id: int = 0  # the DataLoader (or thread) worker of this rank that runs it
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ class Planner:
                 before += sum(s.batches for s in history)  # global steps: the same count on every topology
                 role = (worker_id + before) % n
                 skip = worker_batches_delivered(before, num_workers, role)
-            return Start(plan.schedule(plan.owned(rank, role)), skip, role, history)
+            return Start(plan.schedule(plan.owned(rank, role)), skip, role, history, worker_id)
         if pinned is None:
             epoch_plan, before = self._stream_plan(epoch, history, before, world_size, num_workers)
             # A restarted loader starts its round robin at worker 0, where the uninterrupted run would
@@ -108,7 +109,7 @@ class Planner:
         else:
             epoch_plan, _ = resume_plan(self.layout, self.config, epoch, history, world_size, num_workers)
         worker = Topology(rank, world_size, role, num_workers).global_worker_id
-        return Start(StreamSchedule(epoch_plan, worker), skip, role, history)
+        return Start(StreamSchedule(epoch_plan, worker), skip, role, history, worker_id)
 
     def rank_batches(self, epoch: int, position: Position | None, world_size: int, num_workers: int) -> int:
         """Batches a rank yields from ``position`` to the end of the epoch (all ranks alike)."""

@@ -16,7 +16,6 @@ import torch
 from ..dataset import ParquetStream
 from ..delivery import DeliveryStats
 from ..loader import StreamLoader
-from ..topology import current_worker
 from .progress import progress_bar
 
 
@@ -103,7 +102,7 @@ def render_bench(r: dict[str, Any], args: argparse.Namespace) -> str:
 
 
 class _WorkerTimes:
-    """Each DataLoader worker's stage times, one row of a shared-memory tensor per worker.
+    """Each worker's stage times (thread or process), one row of a shared-memory tensor per worker.
 
     Installed as ``ParquetStream.stats_hook``: the stream calls it inside the worker after every
     batch with its ``DeliveryStats`` (cumulative), and it copies them into the worker's row.
@@ -126,7 +125,7 @@ class _WorkerTimes:
     def __call__(self, stats: DeliveryStats) -> None:
         values = (stats.rows, stats.batches, stats.busy_s, stats.wait_s, stats.reads.read_seconds,
                   stats.reads.fetch_seconds, stats.convert_s, stats.reads.bytes_fetched)
-        self.table[current_worker()[0]].copy_(torch.tensor(values, dtype=torch.float64))
+        self.table[stats.worker].copy_(torch.tensor(values, dtype=torch.float64))
 
     @classmethod
     def as_dict(cls, worker: int, row: list[float]) -> dict[str, Any]:
