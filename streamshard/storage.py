@@ -120,7 +120,8 @@ def _warn_forked_obstore() -> None:
     logging.getLogger("streamshard").warning(
         "storage_options backend='obstore': this process was forked after obstore ran in its parent "
         "(pid %d), and obstore's runtime does not survive a fork; serving s3:// through s3fs here. "
-        "Start workers with multiprocessing_context='forkserver' or 'spawn' to keep obstore in them.",
+        "StreamLoader's thread workers (workers='threads', its default for plain streams) keep obstore, as do "
+        "worker processes started with multiprocessing_context='forkserver' or 'spawn'.",
         obstore_fs._first_use_pid)
 
 

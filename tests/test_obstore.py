@@ -70,6 +70,16 @@ def test_every_row_once_with_forkserver_workers_that_use_obstore(seaweedfs, skew
     assert_exactly_once([list(loader)], NUM_ROWS)
 
 
+def test_streamloader_thread_workers_keep_obstore_and_deliver_every_row_once(seaweedfs, skewed_url, caplog):
+    ds = ss.ParquetStream(skewed_url, columns=["id", "input_ids"], batch_size=256, rank=0, world_size=1,
+                          storage_options=obstore_options(seaweedfs))
+    loader = ss.StreamLoader(ds, num_workers=2)
+    assert loader.workers == "threads"
+    with caplog.at_level("WARNING", logger="streamshard"):
+        assert_exactly_once([list(loader)], NUM_ROWS)
+    assert not [r for r in caplog.records if "s3fs" in r.getMessage()], "thread workers fell back to s3fs"
+
+
 def test_forked_workers_fall_back_to_s3fs_and_deliver_every_row_once(seaweedfs, skewed_url, caplog):
     def make(rank, world):
         return ss.ParquetStream(skewed_url, columns=["id", "input_ids"], batch_size=128, rank=rank, world_size=world,
