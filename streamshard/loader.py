@@ -25,9 +25,9 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from .errors import StateError
 from .handoff import SlotLeases, new_leases
-from .thread_workers import round_robin
 from .prefetch import DevicePrefetcher
 from .sampler import ElasticSampler
+from .thread_workers import round_robin
 from .validate import check_bool, check_int
 
 
@@ -193,7 +193,7 @@ def _pinned(batch: Any) -> Any:
 
 
 class StreamLoader:
-    """Iterate ``dataset`` with ``num_workers`` worker processes and keep the data checkpoint.
+    """Iterate ``dataset`` with ``num_workers`` workers (threads or processes) and keep the data checkpoint.
 
     * ``for batch in loader`` yields the rest of the current epoch; when an epoch is exhausted
       the loader moves the dataset to the next epoch itself (``set_epoch`` is still honoured:
@@ -231,7 +231,7 @@ class StreamLoader:
 
     Worker processes hand batches over through recycled shared-memory slots (``handoff.py``):
     no fresh shared-memory segment per tensor, and a batch the training loop still holds is
-    never overwritten.
+    never overwritten. Thread workers hand them over as they are.
     """
 
     def __init__(
