@@ -51,7 +51,7 @@ from streamshard.errors import StreamshardError  # noqa: E402
 from streamshard.reader import RowGroupReader  # noqa: E402
 from streamshard.retry import RetryPolicy  # noqa: E402
 from streamshard.testing import FaultConfig, FaultyProxy, LocalS3, faulty_proxy, local_s3, local_seaweedfs  # noqa: E402
-from streamshard.testing import write_corpus  # noqa: E402
+from streamshard.testing import write_corpus, write_fixed  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out"
 TOKEN = "SeSsIoN-t0ken-rb-7c41d09e"  # moto accepts any session token; it must reach no log line
@@ -150,18 +150,6 @@ def via(store: LocalS3, endpoint: str, **config: Any) -> dict[str, Any]:
     if config:
         options["config_kwargs"] = config
     return options
-
-
-def write_fixed(path: Path, first_id: int, rows_per_group: tuple[int, ...] = (50, 50)) -> None:
-    """A file whose size does not depend on its values (plain int64, no compression or statistics), so a
-    rewrite with other values has the same size: only the version can tell the two apart."""
-    ids = np.arange(first_id, first_id + sum(rows_per_group), dtype=np.int64)
-    with pq.ParquetWriter(str(path), pa.schema([("id", pa.int64())]), compression="none", use_dictionary=False,
-                          write_statistics=False) as writer:
-        start = 0
-        for rows in rows_per_group:
-            writer.write_table(pa.table({"id": ids[start:start + rows]}))
-            start += rows
 
 
 def ids_of(batches: list[dict[str, torch.Tensor]]) -> np.ndarray:

@@ -246,7 +246,7 @@ class PackedStream(PlannedStream):
             names = self.blend.names if self.blend is not None else ("source",)
             dtypes: dict[str, np.dtype] | None = None
             for name, ds in zip(names, self.corpora):
-                mine = self._check_columns(ds.catalog.schema)
+                mine = self._check_columns(ds.catalog.schema, "the source" if self.blend is None else f"corpus {name!r}")
                 if dtypes is not None and mine != dtypes:
                     raise ValueError(f"corpora {names[0]!r} and {name!r} give the packed columns different dtypes: "
                                      f"{ {k: str(v) for k, v in dtypes.items()} } vs { {k: str(v) for k, v in mine.items()} }")
@@ -255,12 +255,12 @@ class PackedStream(PlannedStream):
             self._tokens = [token_counts(ds.catalog, self.column) for ds in self.corpora]
         return self._tokens
 
-    def _check_columns(self, schema: pa.Schema) -> dict[str, np.dtype]:
+    def _check_columns(self, schema: pa.Schema, where: str) -> dict[str, np.dtype]:
         """Every packed column must be a list of numbers; their dtypes, for padding batches."""
         dtypes = {}
         for name in self.columns:
             if name not in schema.names:
-                raise ValueError(f"column {name!r} is not in the source's columns {schema.names}")
+                raise ValueError(f"column {name!r} is not in {where}'s columns {schema.names}")
             t = schema.field(name).type
             if not (pa.types.is_list(t) or pa.types.is_large_list(t)) or not (
                     pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type) or pa.types.is_boolean(t.value_type)):

@@ -121,13 +121,14 @@ class PackedBlendBatches(BlendBatches):
         super().__init__(positions, blend, corpora)
         self.seq_len = seq_len
         self.slots = seq_len * int(positions.plan.config.batch_size or 1)
+        self.tokens = np.array([c.size for c in corpora], dtype=np.int64)  # per corpus epoch
 
     def batch(self, index: int) -> BatchSpec:
         spec = self.positions.batch(index)
         if not spec.rows:
             return BatchSpec(index, {}, _EMPTY, _EMPTY, _EMPTY, self.slots, corpus=_EMPTY, slot=_EMPTY)
         corpus, blend_index = self.blend.locate(spec.sample_id)
-        tokens = np.array([c.size for c in self.corpora], dtype=np.int64)[corpus]  # per corpus epoch
+        tokens = self.tokens[corpus]
         sequence = self.blend.epoch * self.blend.counts[corpus] + blend_index
         epoch, s = np.divmod(sequence, -(-tokens // self.seq_len))
         first = epoch * tokens + s * self.seq_len  # the sequence's first token in the corpus's endless stream

@@ -11,7 +11,6 @@ import time
 from contextlib import contextmanager
 
 import fsspec
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -24,24 +23,13 @@ from streamshard.delivery import deliver
 from streamshard.reader import RowGroupReader
 from streamshard.retry import RetryPolicy
 from streamshard.storage import REDACTION, FileSystems, LogRedaction
-from streamshard.testing import faulty_proxy, write_corpus
+from streamshard.testing import faulty_proxy, write_corpus, write_fixed
 
 
 def via(proxy, s3):
     options = dict(s3.storage_options)
     options["client_kwargs"] = {**options["client_kwargs"], "endpoint_url": proxy.endpoint_url}
     return options
-
-
-def write_fixed(path, first_id: int, rows_per_group=(50, 50)) -> None:
-    """A file whose size does not depend on its values: one int64 column, plain, uncompressed, no statistics."""
-    ids = np.arange(first_id, first_id + sum(rows_per_group), dtype=np.int64)
-    with pq.ParquetWriter(str(path), pa.schema([("id", pa.int64())]), compression="none", use_dictionary=False,
-                          write_statistics=False) as writer:
-        start = 0
-        for rows in rows_per_group:
-            writer.write_table(pa.table({"id": ids[start:start + rows]}))
-            start += rows
 
 
 def rewrite_same_size(path, first_id: int) -> None:

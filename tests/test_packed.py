@@ -256,12 +256,17 @@ def test_packed_blend_misuse_is_refused_by_name(two_corpora, tmp_path):
                              {"a": 0.5, "n": 0.5}, batch_size=4)
     with pytest.raises(ValueError, match="corpora 'a' and 'n' give the packed columns different dtypes"):
         ss.PackedStream(mixed, seq_len=SEQ, batch_size=BATCH).set_epoch(0)
+    (tmp_path / "bare").mkdir()
+    pq.write_table(pa.table({"input_ids": pa.array([[7]], pa.list_(pa.int64()))}), str(tmp_path / "bare" / "b.parquet"))
     pq.write_table(pa.table({"input_ids": pa.array([[], []], pa.list_(pa.int64())),
                              "labels": pa.array([[], []], pa.list_(pa.int64()))}), str(tmp_path / "empty.parquet"))
     hollow = ss.BlendedStream({"a": ss.ParquetStream(a), "e": ss.ParquetStream(str(tmp_path / "empty.parquet"))},
                               {"a": 0.5, "e": 0.5}, batch_size=4, num_samples=10)
     with pytest.raises(ValueError, match="corpus 'e' has no tokens in column 'input_ids'"):
         ss.PackedStream(hollow, seq_len=SEQ, batch_size=BATCH).num_sequences  # noqa: B018
+    with pytest.raises(ValueError, match="column 'labels' is not in corpus 'n'"):
+        ss.PackedStream(ss.BlendedStream({"a": ss.ParquetStream(a), "n": ss.ParquetStream(str(tmp_path / "bare"))},
+                                         {"a": 0.5, "n": 0.5}, batch_size=4), columns=["labels"]).set_epoch(0)
     with pytest.raises(TypeError, match="counts\\(\\) is for a packed BlendedStream"):
         ss.PackedStream(ss.ParquetStream(a), seq_len=SEQ).counts()
     state = ss.StreamLoader(packed_blend(two_corpora)).state_dict()

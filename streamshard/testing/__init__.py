@@ -5,7 +5,7 @@
 ``local_s3()``: moto's S3 server, kept for fault-injection tests (it is no yardstick for speed).
 """
 
-from .corpus import write_corpus
+from .corpus import write_corpus, write_fixed
 from .faulty_proxy import FaultConfig, FaultyProxy, faulty_proxy
 from .gcs import LocalGCS, local_gcs
 from .object_store import LocalObjectStore
@@ -14,5 +14,5 @@ from .seaweedfs import local_seaweedfs
 
 __all__ = [
     "FaultConfig", "FaultyProxy", "LocalGCS", "LocalObjectStore", "LocalS3", "faulty_proxy", "local_gcs",
-    "local_s3", "local_seaweedfs", "write_corpus",
+    "local_s3", "local_seaweedfs", "write_corpus", "write_fixed",
 ]

@@ -69,3 +69,16 @@ def _rows(rng: np.random.Generator, first: int, n: int, lo: int, hi: int, random
         },
         schema=SCHEMA,
     )
+
+
+def write_fixed(path: str | os.PathLike, first_id: int, rows_per_group: Sequence[int] = (50, 50)) -> None:
+    """A file whose size does not depend on its values (one plain int64 ``id`` column, no compression,
+    no statistics), so a rewrite with other ids has the same size: only the file's version can tell
+    the two apart (the replaced-file fault of tests and the reliability benchmark)."""
+    ids = np.arange(first_id, first_id + sum(rows_per_group), dtype=np.int64)
+    with pq.ParquetWriter(str(path), pa.schema([("id", pa.int64())]), compression="none", use_dictionary=False,
+                          write_statistics=False) as writer:
+        start = 0
+        for rows in rows_per_group:
+            writer.write_table(pa.table({"id": ids[start:start + rows]}))
+            start += rows
