@@ -7,8 +7,10 @@ seed 1), like real exports. For batches of 256 rows delivered by every global wo
   * the mean share of a batch taken by its most common file (1.0 = every batch from one file),
   * the fraction of batches drawn from a single file,
   * distinct row groups per batch,
-  * decoded row groups a worker holds at once for the mixing (the shuffle window; read-ahead adds
-    its own ``read_ahead``), and the row groups read per row group of the corpus (1.0 = no extra bytes),
+  * the most decoded row groups a worker held at once for the mixing (one shuffle window; read-ahead
+    adds its own ``read_ahead``), and the most rows, as a multiple of ``shuffle_window`` average row
+    groups ("rows held"; a window grows past ``shuffle_window`` pieces when one would dominate it),
+  * the row groups read per row group of the corpus (1.0 = no extra bytes),
 against a full shuffle (a numpy permutation of every row id, cut the same way), the ceiling no
 streaming loader reaches without random access to the whole corpus.
 
@@ -51,20 +53,25 @@ def evaluate(rows: np.ndarray) -> list[dict]:
     results = []
     for name, kwargs in cases:
         plan = EpochPlan(layout, PlanConfig(seed=0, batch_size=BATCH, **kwargs), 0, GLOBAL)
-        batches, reads = [], 0
+        batches, reads, held, held_rows = [], 0, 0, 0
         for worker in range(GLOBAL):
             schedule = StreamSchedule(plan, worker)
             for spec in schedule.batches():
                 if spec.rows == BATCH:  # full batches only: a worker's short last one says nothing
                     batches.append(spec.sample_id)
             reads += len(schedule.pieces)
+            held = max(held, int(np.diff(schedule.window_first).max(initial=0)))
+            held_rows = max(held_rows, int(np.diff(schedule.window_start).max(initial=0)))
+        window = kwargs.get("shuffle_window", 1)
         results.append({"case": name, **metrics(batches, file_of_row, rg_of_row),
-                        "row_groups_held": kwargs.get("shuffle_window", 1),
+                        "row_groups_held": held,  # the most pieces of row groups one window held
+                        "rows_held_vs_window_of_mean_groups": held_rows / (window * rows.mean()),
                         "reads_per_row_group": reads / (FILES * GROUPS)})
     perm = np.random.default_rng(0).permutation(len(rg_of_row))
     full = [perm[i : i + BATCH] for i in range(0, len(perm) - BATCH + 1, BATCH)]
     results.append({"case": "full shuffle (numpy, random access)", **metrics(full, file_of_row, rg_of_row),
-                    "row_groups_held": FILES * GROUPS, "reads_per_row_group": None})
+                    "row_groups_held": FILES * GROUPS, "rows_held_vs_window_of_mean_groups": None,
+                    "reads_per_row_group": None})
     return results
 
 
@@ -73,12 +80,15 @@ def report(title: str, results: list[dict]) -> None:
     print(f"{title}: {FILES} files x {GROUPS} row groups, one topic per file; batch {BATCH}, "
           f"{RANKS} ranks x {WORKERS} workers")
     print(f"{'case':38} {'top-file share':>14} {'vs full':>8} {'1-file batches':>15} {'rgs/batch':>10} "
-          f"{'rgs held':>9} {'reads/rg':>9}")
+          f"{'rgs held':>9} {'rows held':>10} {'reads/rg':>9}")
     for r in results:
         r["vs_full_shuffle"] = r["top_file_share"] / reference
         reads = "-" if r["reads_per_row_group"] is None else f"{r['reads_per_row_group']:.2f}"
+        held = r["rows_held_vs_window_of_mean_groups"]
+        held = "-" if held is None else f"{held:.2f}"
         print(f"{r['case']:38} {r['top_file_share']:14.3f} {r['vs_full_shuffle']:7.1f}x "
-              f"{r['single_file_batches']:15.1%} {r['row_groups_per_batch']:10.1f} {r['row_groups_held']:9} {reads:>9}")
+              f"{r['single_file_batches']:15.1%} {r['row_groups_per_batch']:10.1f} {r['row_groups_held']:9} "
+              f"{held:>10} {reads:>9}")
 
 
 def main() -> None:

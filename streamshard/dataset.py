@@ -22,7 +22,7 @@ from .canonical import CanonicalPlan
 from .catalog import Catalog
 from .delivery import DeliveryStats, deliver
 from .errors import CatalogError, ReadError
-from .plan import EpochPlan, Layout, PlanConfig
+from .plan import ORDER_VERSION, EpochPlan, Layout, PlanConfig
 from .reader import RowGroupReader
 from .resume import Planner, Start
 from .schema import parse_cast, read_as
@@ -68,8 +68,10 @@ class ParquetStream(PlannedStream):
         read_ahead: row groups read in the background ahead of the one being consumed.
         shuffle_window: with shuffle, interleave the rows of this many consecutive pieces (row
             groups) of a worker at random: no extra I/O, and a worker holds that many decoded row
-            groups at once (plus ``read_ahead``). Default: 16 with ``shuffle=True`` (a batch then
-            draws from ~16 files), 1 without; 1 keeps one row group at a time.
+            groups at once (plus ``read_ahead``); a window takes more pieces when one would dominate
+            its rows, up to 3x as many and 1.5x the rows of that many average row groups. Default:
+            16 with ``shuffle=True`` (a batch then draws from ~16 files), 1 without; 1 keeps one row
+            group at a time.
         partitions: canonical partitions for a topology-independent order (see ``canonical.py``).
         catalog_cache: a directory where the catalog is cached (JSON). None: no cache.
         lists: "padded" (list columns as 2-D tensors + lengths) or "flat" (1-D values + lengths).
@@ -241,6 +243,7 @@ class ParquetStream(PlannedStream):
             "columns": self.columns, batch[0]: batch[1], "unit": self.config.unit,
             "shuffle": self.config.shuffle, "seed": self.config.seed, "shuffle_window": self.config.shuffle_window,
             "uneven": self.config.uneven, "partitions": self.partitions, "cast": self.cast,
+            "order": ORDER_VERSION,  # a checkpoint of an older planner would resume other rows
         }
 
     # -- iteration ----------------------------------------------------------------------------

@@ -25,11 +25,15 @@ from functools import cached_property
 import numpy as np
 
 from .permutation import Permutation, mix_seed
-from .unit_order import spread_order
+from .unit_order import spread_order, window_starts
 from .validate import check_int
 
 UNITS = ("row_group", "file")
 UNEVEN_POLICIES = ("pad", "drop")
+
+# Which rows a configuration delivers in which order changes with these rules; checkpoints record it
+# (3: files spread over the epoch, shuffle windows widened around dominating row groups).
+ORDER_VERSION = 3
 
 # Domain tags keep the seeds of different shuffles apart.
 _UNIT_ORDER, _IN_FILE_ORDER, _ROW_ORDER, _WINDOW_ORDER = 1, 2, 3, 4
@@ -226,9 +230,16 @@ class EpochPlan:
         return int((end - begin - kept).sum())
 
     def windows(self, pieces: Pieces) -> list[slice]:
-        """The groups of consecutive pieces whose rows are interleaved (one piece each without a window)."""
-        w = self.config.shuffle_window
-        return [slice(i, min(i + w, len(pieces))) for i in range(0, len(pieces), w)]
+        """The groups of consecutive pieces whose rows are interleaved (one piece each without a window):
+        ``shuffle_window`` pieces, more when one would dominate (``unit_order.window_starts``)."""
+        starts = window_starts(pieces.rows, self.config.shuffle_window, self.mean_group_rows).tolist()
+        return [slice(a, b) for a, b in zip(starts[:-1], starts[1:])]
+
+    @cached_property
+    def mean_group_rows(self) -> float:
+        """Mean rows of the layout's non-empty row groups (what bounds a shuffle window's rows)."""
+        rows = self.layout.rg_rows[self.layout.rg_rows > 0]
+        return float(rows.mean()) if len(rows) else 1.0
 
     def window_labels(self, window: Pieces) -> np.ndarray:
         """For each emitted row of a window, which of its pieces it comes from.

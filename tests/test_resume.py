@@ -132,6 +132,18 @@ def test_a_state_of_other_data_or_rewritten_row_groups_is_refused(tmp_path, smal
         ss.StreamLoader(make_stream(str(tmp_path / "a"))()).load_state_dict(state)
 
 
+def test_a_state_saved_by_an_older_planner_is_refused_not_resumed_into_other_rows(skewed_corpus):
+    """The shuffled order changed (spread files, widened windows): an older checkpoint names its rows
+    by the old order, so resuming it must fail, saying why."""
+    state = _saved_state(skewed_corpus, shuffle=True)
+    state["fingerprint"]["order"] = 2
+    with pytest.raises(ss.StateError, match="order=2 but this .* has order=3"):
+        ss.StreamLoader(make_stream(skewed_corpus, shuffle=True)()).load_state_dict(state)
+    del state["fingerprint"]["order"]  # saved before the order was recorded at all
+    with pytest.raises(ss.StateError, match="has no 'order'"):
+        ss.StreamLoader(make_stream(skewed_corpus, shuffle=True)()).load_state_dict(state)
+
+
 @pytest.mark.parametrize("tamper", [
     lambda s: s["history"][-1].update(batches=10**12),
     lambda s: s.update(history=[]),

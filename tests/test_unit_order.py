@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamshard.batch_plan import StreamSchedule
 from streamshard.plan import EpochPlan, Layout, PlanConfig, stream_order
-from streamshard.unit_order import spread_order
+from streamshard.unit_order import WINDOW_BALANCE, WINDOW_MAX_PIECES, WINDOW_MAX_ROWS, spread_order, window_starts
 
 
 @settings(max_examples=200, deadline=None)
@@ -28,12 +29,18 @@ def _top_file_share(batches: list[np.ndarray], file_of_row: np.ndarray, files: i
     return float(np.mean(shares)), single / len(batches)
 
 
-def test_a_corpus_sorted_by_topic_mixes_within_twice_a_full_shuffle_at_the_default_window():
-    """One topic per file (32 files x 8 row groups x 200 rows), batches of 128, 2 global workers, the
-    window ParquetStream uses by default (16): no single-file batch, and the mean share of a batch taken
-    by its most common file is at most 2x that of a full random permutation, for every seed tried."""
-    files, groups, rows, batch = 32, 8, 200, 128
-    layout = Layout(np.full(files * groups, rows, dtype=np.int64), np.repeat(np.arange(files), groups).astype(np.int64))
+@pytest.mark.parametrize("sizes", ["uniform", "skewed"])
+def test_a_corpus_sorted_by_topic_mixes_within_twice_a_full_shuffle_at_the_default_window(sizes):
+    """One topic per file (32 files x 8 row groups of 200 rows, or of 3..2,048 rows as real exports
+    have), batches of 128, 2 global workers, the window ParquetStream uses by default (16): no
+    single-file batch, and the mean share of a batch taken by its most common file is at most 2x that
+    of a full random permutation, for every seed tried."""
+    files, groups, batch = 32, 8, 128
+    if sizes == "uniform":
+        rows = np.full(files * groups, 200, dtype=np.int64)
+    else:  # 16 of these in a window give their largest a median share of ~1/9: 2.3x before windows grew
+        rows = np.random.default_rng(3).integers(3, 2049, files * groups).astype(np.int64)
+    layout = Layout(rows, np.repeat(np.arange(files), groups).astype(np.int64))
     file_of_row = np.repeat(np.arange(files * groups), rows) // groups
     perm = np.random.default_rng(0).permutation(len(file_of_row))
     full, _ = _top_file_share([perm[i:i + batch] for i in range(0, len(perm) - batch + 1, batch)], file_of_row, files)
@@ -54,3 +61,44 @@ def test_each_file_is_spread_over_the_epoch_not_bunched():
         for quarter in np.array_split(order, 4):
             counts = np.bincount(layout.rg_file[quarter], minlength=files)
             assert counts.min() >= groups // 4 - 1 and counts.max() <= groups // 4 + 1, (epoch, counts)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 5_000), max_size=120), st.integers(1, 20), st.floats(1.0, 3_000.0))
+def test_shuffle_windows_cover_every_piece_once_and_stay_bounded(rows, window, mean_rows):
+    rows = np.array(rows, dtype=np.int64)
+    starts = window_starts(rows, window, mean_rows)
+    assert starts[0] == 0 and starts[-1] == len(rows) and np.all(np.diff(starts) > 0)  # a partition, in order
+    assert np.array_equal(starts, window_starts(rows, window, mean_rows))
+    for a, b in zip(starts[:-1].tolist(), starts[1:].tolist()):
+        part = rows[a:b]
+        last = b == len(rows)
+        assert len(part) >= window or last  # never fewer pieces than asked, but at the end
+        if window == 1:
+            assert len(part) == 1
+            continue
+        assert len(part) <= WINDOW_MAX_PIECES * window
+        # it closes at the first piece where it is balanced or at a bound: one piece earlier it was neither
+        if len(part) > window:
+            before = part[:-1]
+            assert before.sum() < WINDOW_BALANCE * window * before.max()
+            assert before.sum() < WINDOW_MAX_ROWS * window * mean_rows
+        if not last:
+            balanced = part.sum() >= WINDOW_BALANCE * window * part.max()
+            assert balanced or part.sum() >= WINDOW_MAX_ROWS * window * mean_rows or len(part) == WINDOW_MAX_PIECES * window
+
+
+def test_a_dominating_row_group_widens_its_window_and_uniform_ones_do_not():
+    uniform = np.full(64, 1_000, dtype=np.int64)
+    assert window_starts(uniform, 16, 1_000.0).tolist() == [0, 16, 32, 48, 64]
+    skewed = uniform.copy()
+    skewed[3] = 4_000  # 16 pieces would give it 4,000 / 19,000 of the rows: more than 1 / (0.75 * 16)
+    starts = window_starts(skewed, 16, float(skewed.mean()))
+    # it grows until the rows of 1.5 x 16 average row groups (what bounds memory), diluting the big one
+    assert starts[1] == 23 and skewed[:23].sum() >= WINDOW_MAX_ROWS * 16 * skewed.mean() > skewed[:22].sum()
+    assert rows_share(skewed[:23]) < 0.75 * rows_share(skewed[:16])
+    assert starts[2:].tolist() == [39, 55, 64]  # then plain windows again
+
+
+def rows_share(part: np.ndarray) -> float:
+    return float(part.max() / part.sum())
