@@ -8,8 +8,8 @@ one concurrent round. pyarrow then decodes from those bytes alone (the footer is
 
 Files are read at the version the catalog recorded (given ``versions``): a synchronous backend's
 file is checked (size and mtime, one ``info``/stat) each time a handle is opened; on an async
-backend one ``info`` (a HEAD on S3) per file per reader follows the file's first fetch, before any
-of its bytes are used (fsspec's ``cat_ranges`` does not expose the ETag of the ranged GETs). A
+backend one ``info`` (a HEAD on S3) per file per reader runs alongside the file's first fetch (in
+the same round trip), and none of its bytes are used before it confirmed the version (fsspec's ``cat_ranges`` does not expose the ETag of the ranged GETs). A
 changed file is a ``ReadError`` naming both versions, never other rows under the old sample ids.
 
 A row group estimated to decode to more than ``STREAM_ABOVE_BYTES`` (``decoded_size.py``) is
@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -70,6 +71,7 @@ _PART_CHUNKS = 8  # a streamed part is gathered into about this many chunks (a t
 # A group this many times smaller (compressed) than STREAM_ABOVE_BYTES is read whole without first
 # fetching its footer to estimate its decoded size (keeps footer and data in one round).
 _SURELY_SMALL_RATIO = 32
+_VERIFY_THREADS = 4  # version checks (one HEAD per file) in flight at once per reader
 _NOTE_SECONDS = 10.0  # at most this long asking the store, after a failure, whether the file changed
 
 
@@ -145,6 +147,7 @@ class RowGroupReader:
         self._touched: set[int] = set()
         self._footers = _FooterCache(max_cached_footers)
         self._handles = _Handles(max_open_files)
+        self._verify_pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
     @classmethod
@@ -262,6 +265,10 @@ class RowGroupReader:
     def close(self) -> None:
         """Close open handles, forget cached footers and version checks (the reader can still be used after)."""
         self._handles.close()
+        with self._lock:
+            pool, self._verify_pool = self._verify_pool, None
+        if pool is not None:  # waits for a check in flight (its waiters must get an answer)
+            pool.shutdown(wait=True)
         self._footers.clear()
         self._checked.clear()
 
@@ -388,10 +395,20 @@ class RowGroupReader:
             if failure is not None:
                 raise failure
 
+        verify = self._versions is not None and is_async(fs)
+        if verify:  # the file's one version check runs alongside its first fetch, not a round after it
+            self._checked.start(file_index, lambda: self._verify(file_index), self._verifier().submit)
         call_within(attempt, self.retry, f"{url} ranges {ranges}", self.filesystems.redact)
-        if self._versions is not None and is_async(fs):  # before any of the file's bytes are used
+        if verify:  # before any of the file's bytes are used
             self._checked.run(file_index, lambda: self._verify(file_index))
         return [(ranges[i][0], got[i]) for i in range(len(ranges))]
+
+    def _verifier(self) -> ThreadPoolExecutor:
+        """Threads for the version checks (a HEAD each) that overlap the files' first fetches."""
+        with self._lock:
+            if self._verify_pool is None:
+                self._verify_pool = ThreadPoolExecutor(_VERIFY_THREADS, thread_name_prefix="streamshard-verify")
+            return self._verify_pool
 
     def _verify(self, file_index: int) -> None:
         """``ReadError`` unless the file still has the size and version the catalog recorded."""

@@ -89,6 +89,28 @@ class _Once:
         self._futures: dict[int, Future[None]] = {}
         self._lock = threading.Lock()
 
+    def start(self, key: int, check: Callable[[], None], submit: Callable[[Callable[[], None]], Any]) -> None:
+        """Start ``check`` for ``key`` through ``submit`` (a thread pool's), unless it was started already;
+        ``run`` then waits for it and raises its failure."""
+        with self._lock:
+            if key in self._futures:
+                return
+            future = self._futures[key] = Future()
+
+        def body() -> None:
+            try:
+                check()
+            except BaseException as exc:  # noqa: BLE001 - raised again by every run() of this key
+                future.set_exception(exc)
+                return
+            future.set_result(None)
+
+        try:
+            submit(body)
+        except BaseException as exc:
+            future.set_exception(exc)
+            raise
+
     def run(self, key: int, check: Callable[[], None]) -> None:
         with self._lock:
             future = self._futures.get(key)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -13,7 +15,7 @@ from streamshard.catalog import Catalog
 from streamshard.footer import chunk_ranges
 from streamshard.reader import RowGroupReader
 from streamshard.retry import RetryPolicy
-from streamshard.testing import faulty_proxy
+from streamshard.testing import FaultConfig, faulty_proxy
 
 ROWS_PER_GROUP = 10_000
 GROUPS = 4
@@ -98,6 +100,40 @@ def test_adjacent_columns_are_coalesced_into_one_request(s3, s3_three):
             reader.read(0, g)
         assert proxy.count("GET") == GROUPS + 1
         assert proxy.bytes("GET") <= 1.15 * (column_bytes(metadata, "a") + column_bytes(metadata, "b"))
+
+
+def test_the_version_check_is_in_flight_alongside_the_files_first_fetch(s3, s3_three):
+    # The data GETs hang until the deadline; the one HEAD per file was sent anyway, so it is not a
+    # round trip after the fetch. The failure still names the file and gives up within the policy.
+    url, _ = s3_three
+    with faulty_proxy(s3.endpoint_url, FaultConfig(fault_rate=1.0, faults=("stall",), fault_methods=("GET",),
+                                                   stall_seconds=3.0)) as proxy:
+        options = via(proxy, s3)
+        proxy.config.fault_rate = 0.0
+        catalog = Catalog.build(url, ["a"], options)
+        proxy.config.fault_rate = 1.0
+        proxy.reset_counts()
+        reader = RowGroupReader.from_catalog(catalog, options, retry=RetryPolicy(max_attempts=1, deadline=1.0))
+        with pytest.raises(ss.ReadError, match=r"part-0\.parquet: reading row group 0 failed: gave up"):
+            reader.read(0, 0)
+        reader.close()  # waits for the check in flight
+        assert proxy.count("HEAD") == 1
+
+
+def test_a_row_group_read_while_its_files_check_is_in_flight_waits_for_it(s3, s3_three):
+    # Several row groups of one file read at once: one HEAD, every table right.
+    url, _ = s3_three
+    with faulty_proxy(s3.endpoint_url, FaultConfig(latency=0.02)) as proxy:
+        options = via(proxy, s3)
+        catalog = Catalog.build(url, ["a", "c"], options)
+        proxy.reset_counts()
+        reader = RowGroupReader.from_catalog(catalog, options)
+        with ThreadPoolExecutor(GROUPS) as pool:
+            tables = list(pool.map(lambda g: reader.read(0, g), range(GROUPS)))
+        reader.close()
+        assert proxy.count("HEAD") == 1
+    expected = pq.read_table(str(url).replace("s3://", ""), filesystem=s3.filesystem(), columns=["a", "c"])
+    assert pa.concat_tables(tables).equals(expected)
 
 
 # -- property: the planned ranges hold every byte pyarrow reads, for many schemas ---------------
