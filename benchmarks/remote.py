@@ -1,44 +1,51 @@
-"""Object storage at full speed: ParquetStream over S3 (behind a 20 ms-latency proxy) vs local disk.
+"""Object storage at full speed: StreamLoader over S3 (behind a 20 ms-latency proxy) vs local disk
+and vs raw pyarrow reading the same objects.
 
 The S3 server is SeaweedFS (``weed mini`` on 127.0.0.1), a real object store that serves ranged
 GETs from its stored chunks; ``--server moto`` uses moto's server instead (it materialises the
-whole object on every ranged GET, so it understates what a real store does).
+whole object on every ranged GET, so it understates what a real store does). The latency proxy
+runs in a child process (its CPU and GIL are not the client's; ``--proxy-in-process`` puts it back).
 
-Measures rows/s with StreamLoader(num_workers=2) (S3 vs the same corpus on local disk), the catalog
-time of 2,000 small remote files (cold, then warm from the catalog cache), peak RSS per worker,
-bytes fetched / bytes of the projected column chunks, GETs per row group, and a naive baseline
-(``pq.ParquetFile`` over a default fsspec file object). Prints a table, writes
-``benchmarks/out/remote.json``.
+One run measures, epochs interleaved round by round (best of ``--repeats`` each):
 
-    .venv/bin/python benchmarks/remote.py              # SeaweedFS, full size
+* ``StreamLoader(ds, num_workers=2)`` with its default thread workers, on local disk and on S3
+  through each backend (s3fs, the default, and obstore);
+* raw pyarrow in 2 processes (each half of the files, ``ParquetFile(pre_buffer=True).iter_batches``)
+  on local disk and on the same S3 objects through pyarrow's own S3 client (through the proxy):
+  ``decode`` (Arrow only) and ``padded`` (also the tensors of 256-row batches a loader hands over:
+  ids, tokens padded to the longest row, lengths);
+
+and per row group: requests and bytes (as the proxy saw them) and the client's CPU (ms of this
+process, every thread; S3 server and proxy CPU apart), with the peak RSS growth of the process
+during the epoch. Then the catalog of 2,000 small files (cold, warm cache) per backend. Prints a
+table, writes ``benchmarks/out/remote.json``.
+
+    .venv/bin/python benchmarks/remote.py              # SeaweedFS, full size, both backends
     .venv/bin/python benchmarks/remote.py --quick      # a smaller corpus, one repeat (a smoke run)
-    .venv/bin/python benchmarks/remote.py --server moto
-    .venv/bin/python benchmarks/remote.py --catalog-only --backend obstore   # the cold/warm catalog only
-
-The latency proxy runs in a child process (its CPU and GIL are not the client's; the CPU columns
-name each process); ``--proxy-in-process`` puts it back in this process, as before. With
-``--backend obstore`` the catalog is read through obstore; forked DataLoader workers then fall back to
-s3fs (obstore does not survive a fork) unless ``--workers-context forkserver``.
+    .venv/bin/python benchmarks/remote.py --backends obstore --no-catalog
+    .venv/bin/python benchmarks/remote.py --catalog-only --backends obstore   # the cold/warm catalog only
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import os
 import resource
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from streamshard.catalog import Catalog  # noqa: E402
-from streamshard.dataset import ParquetStream  # noqa: E402
+from streamshard.dataset import DEFAULT_BATCH_SIZE, ParquetStream  # noqa: E402
 from streamshard.loader import StreamLoader  # noqa: E402
 from streamshard.testing import FaultConfig, faulty_proxy, local_s3, local_seaweedfs, write_corpus  # noqa: E402
 
@@ -49,20 +56,19 @@ LATENCY = 0.020
 COLUMNS = ["id", "input_ids"]
 LAYOUT = [[20_000] * 4] * 16  # 16 files x 4 row groups x 20,000 rows
 SMALL_FILES = 2000
-REPEATS = 2
+REPEATS = 3
 READ_AHEAD = 6
+RAW_BATCH_ROWS = 20_000
 QUICK = {"layout": [[20_000] * 4] * 4, "small_files": 200, "repeats": 1}
 SERVERS = {"seaweedfs": local_seaweedfs, "moto": local_s3}
+BACKENDS = ("fsspec", "obstore")
 
 
-def peak_rss(batch):
-    """Transform run inside each worker: tag the batch with the worker's peak RSS (MiB)."""
-    batch["peak_rss_mib"] = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024])
-    return batch
+# -- process accounting ---------------------------------------------------------------------------
 
 
 def cpu_seconds(pid: int | None = None) -> float:
-    """User + system CPU seconds of a process (this one by default), from /proc."""
+    """User + system CPU seconds of a process (this one by default: every thread), from /proc."""
     if pid is None:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         return usage.ru_utime + usage.ru_stime
@@ -70,47 +76,193 @@ def cpu_seconds(pid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def epoch_rate(paths, options, server_pid: int | None = None, proxy_pid: int | None = None,
-               context: str | None = None) -> dict:
-    """One epoch with 2 workers; also where the CPU went (workers, S3 server, this process + proxy)."""
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    before = (children.ru_utime + children.ru_stime, cpu_seconds(), cpu_seconds(server_pid) if server_pid else 0.0,
-              cpu_seconds(proxy_pid) if proxy_pid else 0.0)
-    ds = ParquetStream(paths, columns=COLUMNS, rank=0, world_size=1, storage_options=options,
-                       transform=peak_rss, read_ahead=READ_AHEAD)
-    ds.set_epoch(0)
-    started = time.perf_counter()
-    rows, rss = 0, 0.0
-    for batch in StreamLoader(ds, num_workers=2, multiprocessing_context=context):
-        rows += int((batch["sample_id"] >= 0).sum())
-        rss = max(rss, float(batch["peak_rss_mib"][0]))
-    seconds = time.perf_counter() - started
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = {
-        "workers": children.ru_utime + children.ru_stime - before[0],
-        "main": cpu_seconds() - before[1],
-        "s3_server": (cpu_seconds(server_pid) - before[2]) if server_pid else 0.0,
-        "proxy": (cpu_seconds(proxy_pid) - before[3]) if proxy_pid else 0.0,
-    }
-    return {"cpu_seconds": cpu, "rows": rows, "seconds": seconds, "rows_per_s": rows / seconds, "peak_rss_mib_per_worker": rss,
-            "projected_bytes": ds.catalog.projected_bytes()}
+def rss_mib() -> float:
+    """This process's resident set now (MiB)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
-def naive(url, options, catalog) -> dict:
-    """``pq.ParquetFile`` over ``fs.open`` with fsspec's default (read-ahead) cache."""
-    fs = ParquetStream(url, storage_options=options, rank=0, world_size=1).catalog  # noqa: F841 - warm
-    import fsspec
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds of this process's live threads, grouped: the fsspec event loop (s3fs's I/O),
+    native threads (obstore's tokio runtime, Arrow's pools) and the other Python threads."""
+    python = {t.native_id: t.name for t in threading.enumerate()}
+    out = {"fsspec_io_loop": 0.0, "native_threads": 0.0, "python_threads": 0.0}
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        seconds = (int(fields[11]) + int(fields[12])) / tick
+        name = python.get(int(task.name))
+        key = "native_threads" if name is None else "fsspec_io_loop" if name == "fsspecIO" else "python_threads"
+        out[key] += seconds
+    return out
 
-    fs, _ = fsspec.core.url_to_fs(url, **{k: v for k, v in options.items() if k != "backend"})
-    started = time.perf_counter()
-    rows = 0
-    for file_url in catalog.urls:
-        with fs.open(file_url) as handle:
-            parquet = pq.ParquetFile(handle)
-            for g in range(parquet.num_row_groups):
-                rows += parquet.read_row_group(g, columns=COLUMNS).num_rows
-    seconds = time.perf_counter() - started
-    return {"rows": rows, "seconds": seconds, "rows_per_s": rows / seconds}
+
+class Accounting:
+    """CPU of this process, the S3 server and the proxy over one measured epoch."""
+
+    def __init__(self, server_pid: int | None, proxy_pid: int | None) -> None:
+        self.server_pid, self.proxy_pid = server_pid, proxy_pid
+
+    def __enter__(self) -> "Accounting":
+        self._before = (cpu_seconds(), self._of(self.server_pid), self._of(self.proxy_pid), thread_cpu())
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        threads = thread_cpu()
+        self.cpu = {"client": cpu_seconds() - self._before[0], "s3_server": self._of(self.server_pid) - self._before[1],
+                    "proxy": self._of(self.proxy_pid) - self._before[2],
+                    **{f"client_{k}": threads[k] - self._before[3][k] for k in ("fsspec_io_loop", "native_threads")}}
+
+    @staticmethod
+    def _of(pid: int | None) -> float:
+        return cpu_seconds(pid) if pid else 0.0
+
+
+# -- StreamLoader ---------------------------------------------------------------------------------
+
+
+def stream_epoch(paths: str, options: dict, catalog_rgs: int, server_pid: int | None = None, proxy=None) -> dict:
+    """One epoch of ``StreamLoader(ds, num_workers=2)`` (thread workers), every row checked once."""
+    ds = ParquetStream(paths, columns=COLUMNS, rank=0, world_size=1, storage_options=options, read_ahead=READ_AHEAD)
+    reads: dict[int, Any] = {}
+    ds.stats_hook = lambda stats: reads.setdefault(stats.worker, stats.reads)
+    ds.set_epoch(0)  # the catalog is read here, before the clock and the counters start
+    loader = StreamLoader(ds, num_workers=2)
+    if proxy is not None:
+        proxy.reset_counts()
+    rss_before, rss_peak = rss_mib(), 0.0
+    rows = id_sum = 0
+    with Accounting(server_pid, getattr(proxy, "pid", None)) as account:
+        started = time.perf_counter()
+        for k, batch in enumerate(loader):
+            ids = batch["sample_id"]
+            real = ids >= 0
+            rows += int(real.sum())
+            id_sum += int(ids[real].sum())
+            if k % 64 == 0:
+                rss_peak = max(rss_peak, rss_mib())
+        seconds = time.perf_counter() - started
+    total = ds.catalog.num_rows
+    if rows != total or id_sum != total * (total - 1) // 2:
+        raise RuntimeError(f"{paths}: the epoch delivered {rows} rows (id sum {id_sum}); expected each of {total} once")
+    out = {"workers": loader.workers, "rows": rows, "seconds": seconds, "rows_per_s": rows / seconds,
+           "cpu_seconds": account.cpu, "client_cpu_ms_per_row_group": 1000 * account.cpu["client"] / catalog_rgs,
+           "rss_growth_mib": max(rss_peak - rss_before, 0.0),
+           "reader": {k: sum(getattr(r, k) for r in reads.values())
+                      for k in ("requests", "bytes_fetched", "footers_fetched", "row_groups_read", "misses")},
+           "projected_bytes": ds.catalog.projected_bytes()}
+    if proxy is not None:
+        out.update(proxy_counts(proxy, catalog_rgs, out["projected_bytes"]))
+    return out
+
+
+def proxy_counts(proxy, row_groups: int, projected: int) -> dict:
+    """Requests and bytes the proxy forwarded for the ``.parquet`` objects, per row group."""
+    gets, heads = proxy.count("GET", ".parquet"), proxy.count("HEAD", ".parquet")
+    fetched = proxy.bytes("GET", ".parquet")
+    return {"gets": gets, "heads": heads, "bytes_fetched": fetched, "requests_per_row_group": (gets + heads) / row_groups,
+            "kib_per_row_group": fetched / 1024 / row_groups, "fetched_over_projected": fetched / projected}
+
+
+# -- raw pyarrow in 2 processes -------------------------------------------------------------------
+
+
+def _raw_filesystem(spec: dict | None) -> Any:
+    if spec is None:
+        return None
+    from pyarrow import fs
+
+    return fs.S3FileSystem(access_key=spec["key"], secret_key=spec["secret"], region=spec["region"],
+                           endpoint_override=spec["endpoint"], scheme="http")
+
+
+def _padded(batch: Any) -> tuple[Any, ...]:
+    """The tensors a loader hands over for one record batch: ids, tokens padded to the longest row, lengths."""
+    import numpy as np
+    import torch
+
+    tokens = batch.column(1)
+    offsets = tokens.offsets.to_numpy()
+    values = tokens.flatten().to_numpy()
+    lengths = np.diff(offsets)
+    padded = np.zeros((len(lengths), int(lengths.max()) if len(lengths) else 0), dtype=values.dtype)
+    padded[np.arange(padded.shape[1]) < lengths[:, None]] = values
+    return torch.from_numpy(batch.column(0).to_numpy()), torch.from_numpy(padded), torch.from_numpy(lengths)
+
+
+def _raw_worker(conn: Any) -> None:
+    """Serve ``{"paths", "s3", "mode"}`` tasks (JSON, never pickles) until an empty message: read every
+    row group's projected columns (``decode``: Arrow only; ``padded``: also the tensors of batches of
+    ``DEFAULT_BATCH_SIZE`` rows a loader yields), report rows, seconds and this process's CPU seconds."""
+    import torch
+
+    torch.set_num_threads(1)
+    while True:
+        message = conn.recv_bytes()
+        if not message:
+            return
+        task = json.loads(message)
+        filesystem = _raw_filesystem(task["s3"])
+        padded = task["mode"] == "padded"
+        cpu, started, rows = time.process_time(), time.perf_counter(), 0
+        for path in task["paths"]:
+            parquet = pq.ParquetFile(path, filesystem=filesystem, pre_buffer=True)
+            for batch in parquet.iter_batches(batch_size=DEFAULT_BATCH_SIZE if padded else RAW_BATCH_ROWS,
+                                              columns=COLUMNS):
+                rows += batch.num_rows
+                if padded:
+                    _padded(batch)
+        conn.send_bytes(json.dumps({"rows": rows, "seconds": time.perf_counter() - started,
+                                    "cpu": time.process_time() - cpu}).encode())
+
+
+class RawPool:
+    """Two persistent spawned processes (warm imports); each epoch gives each half of the files."""
+
+    def __init__(self, processes: int = 2) -> None:
+        ctx = mp.get_context("spawn")
+        self.pipes, self.procs = [], []
+        for _ in range(processes):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_raw_worker, args=(child,), daemon=True)
+            proc.start()
+            self.pipes.append(parent)
+            self.procs.append(proc)
+
+    def epoch(self, paths: list[str], s3: dict | None, mode: str, row_groups: int, server_pid: int | None = None,
+              proxy=None, projected: int = 0) -> dict:
+        half = (len(paths) + 1) // 2
+        if proxy is not None:
+            proxy.reset_counts()
+        before = (cpu_seconds(server_pid) if server_pid else 0.0, cpu_seconds(proxy.pid) if getattr(proxy, "pid", None) else 0.0)
+        started = time.perf_counter()
+        for pipe, part in zip(self.pipes, (paths[:half], paths[half:])):
+            pipe.send_bytes(json.dumps({"paths": part, "s3": s3, "mode": mode}).encode())
+        parts = [json.loads(pipe.recv_bytes()) for pipe in self.pipes]
+        seconds = time.perf_counter() - started
+        rows = sum(p["rows"] for p in parts)
+        client = sum(p["cpu"] for p in parts)
+        out = {"rows": rows, "seconds": seconds, "rows_per_s": rows / seconds,
+               "cpu_seconds": {"client": client, "s3_server": (cpu_seconds(server_pid) - before[0]) if server_pid else 0.0,
+                               "proxy": (cpu_seconds(proxy.pid) - before[1]) if getattr(proxy, "pid", None) else 0.0},
+               "client_cpu_ms_per_row_group": 1000 * client / row_groups}
+        if proxy is not None:
+            out.update(proxy_counts(proxy, row_groups, projected))
+        return out
+
+    def close(self) -> None:
+        for pipe in self.pipes:
+            pipe.send_bytes(b"")
+        for proc in self.procs:
+            proc.join(timeout=10)
+
+
+# -- the run --------------------------------------------------------------------------------------
 
 
 def main() -> None:
@@ -119,95 +271,110 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help=f"{len(QUICK['layout'])} files, {QUICK['small_files']} small files, one repeat; "
                              "writes benchmarks/out/remote-quick.json")
+    parser.add_argument("--backends", default=",".join(BACKENDS),
+                        help="comma-separated storage_options backends for s3:// (default: fsspec,obstore)")
     parser.add_argument("--catalog-only", action="store_true", help="only the catalog of the small files (cold, warm)")
-    parser.add_argument("--backend", choices=["fsspec", "obstore"], default="fsspec",
-                        help="storage_options backend for s3:// (default: fsspec, i.e. s3fs)")
+    parser.add_argument("--no-catalog", action="store_true", help="skip the catalog of the small files")
     parser.add_argument("--proxy-in-process", action="store_true",
                         help="run the latency proxy in this process (its CPU then counts as the client's)")
-    parser.add_argument("--workers-context", choices=["fork", "forkserver", "spawn"], default=None,
-                        help="multiprocessing context of the StreamLoader workers (default: the platform's)")
-    parser.add_argument("--repeats", type=int, default=None, help="cold catalog builds (each from an empty cache)")
+    parser.add_argument("--repeats", type=int, default=None, help="epochs of each configuration (the best is kept)")
+    parser.add_argument("--lookahead", type=int, default=None,
+                        help="EXPERIMENT: set streamshard.delivery._MAX_LOOKAHEAD (batch specs scanned for the next "
+                             "row groups to read; 64 in the library) to measure a proposed change")
     args = parser.parse_args()
+    backends = [b for b in args.backends.split(",") if b]
+    if set(backends) - set(BACKENDS):
+        parser.error(f"--backends: choose from {BACKENDS}")
+    if args.lookahead is not None:
+        import streamshard.delivery
+
+        if not hasattr(streamshard.delivery, "_MAX_LOOKAHEAD"):
+            parser.error("--lookahead: this streamshard has no delivery._MAX_LOOKAHEAD (the look-ahead changed)")
+        streamshard.delivery._MAX_LOOKAHEAD = args.lookahead
     layout, small_files, repeats = ((QUICK["layout"], QUICK["small_files"], QUICK["repeats"]) if args.quick
                                     else (LAYOUT, SMALL_FILES, REPEATS))
-    out: dict = {"latency_ms": LATENCY * 1000, "server": args.server, "read_ahead": READ_AHEAD,
-                 "layout": f"{len(layout)} files x {len(layout[0])} row groups x {layout[0][0]} rows",
-                 "backend": args.backend, "proxy": "in process" if args.proxy_in_process else "child process",
-                 "load_average_before": os.getloadavg()}
     repeats = args.repeats or repeats
+    out: dict = {"latency_ms": LATENCY * 1000, "server": args.server, "read_ahead": READ_AHEAD, "backends": backends,
+                 "layout": f"{len(layout)} files x {len(layout[0])} row groups x {layout[0][0]} rows",
+                 "proxy": "in process" if args.proxy_in_process else "child process", "repeats": repeats,
+                 "lookahead_experiment": args.lookahead, "load_average_before": os.getloadavg()}
     with tempfile.TemporaryDirectory() as tmp, SERVERS[args.server]() as s3:
         local = os.path.join(tmp, "corpus")
         if not args.catalog_only:
             write_corpus(local, layout)
             url = s3.upload(local, "bench", "corpus")
-        small = os.path.join(tmp, "small")
-        write_corpus(small, [[5]] * small_files)
-        s3.upload(small, "bench", "small")
+        if not args.no_catalog:
+            small = os.path.join(tmp, "small")
+            write_corpus(small, [[5]] * small_files)
+            s3.upload(small, "bench", "small")
         proxied = (faulty_proxy(s3.endpoint_url, FaultConfig(latency=LATENCY)) if args.proxy_in_process
                    else proxy_process(s3.endpoint_url, LATENCY))
         with proxied as proxy:
-            proxy_pid = getattr(proxy, "pid", None)
-            options = dict(s3.storage_options)
-            options["client_kwargs"] = {**options["client_kwargs"], "endpoint_url": proxy.endpoint_url}
-            if args.backend != "fsspec":
-                options["backend"] = args.backend
-            if args.catalog_only:
-                out.update(catalogs(options, proxy, proxy_pid, s3.pid, tmp, repeats))
-                return finish(out, args)
-
-            # Alternate local and S3 runs (best of `repeats` each): this machine is shared and noisy.
-            catalog = Catalog.build(url, COLUMNS, options)
-            runs: dict[str, list[dict]] = {"local": [], "s3": []}
-            for _ in range(repeats):
-                runs["local"].append(epoch_rate(local, {}, context=args.workers_context))
-                proxy.reset_counts()
-                result = epoch_rate(url, options, s3.pid, proxy_pid, args.workers_context)
-                # The catalog is read in the main process; count only data/footer GETs on .parquet objects.
-                result["gets"] = proxy.count("GET", ".parquet")
-                result["bytes_fetched"] = proxy.bytes("GET", ".parquet")
-                result["heads"] = proxy.count("HEAD")
-                result["fetched_over_projected"] = result["bytes_fetched"] / result["projected_bytes"]
-                result["gets_per_row_group"] = result["gets"] / catalog.num_row_groups
-                runs["s3"].append(result)
-            out["local"] = max(runs["local"], key=lambda r: r["rows_per_s"])
-            out["s3"] = max(runs["s3"], key=lambda r: r["rows_per_s"])
-            out["s3"]["vs_local"] = out["s3"]["rows_per_s"] / out["local"]["rows_per_s"]
-
-            catalog = Catalog.build(url, COLUMNS, options)
-            proxy.reset_counts()
-            out["naive"] = naive(url, options, catalog)
-            out["naive"]["bytes_fetched"] = proxy.bytes("GET", ".parquet")
-            out["naive"]["gets"] = proxy.count("GET", ".parquet") + proxy.count("HEAD", ".parquet")
-            out["naive"]["fetched_over_projected"] = out["naive"]["bytes_fetched"] / catalog.projected_bytes()
-
-            out.update(catalogs(options, proxy, proxy_pid, s3.pid, tmp, repeats))
+            base = dict(s3.storage_options)
+            base["client_kwargs"] = {**base["client_kwargs"], "endpoint_url": proxy.endpoint_url}
+            options = {b: (base if b == "fsspec" else {**base, "backend": b}) for b in backends}
+            if not args.catalog_only:
+                out["epochs"] = epochs(local, url, s3, proxy, options, repeats)
+            if not args.no_catalog:
+                out["catalog"] = {b: catalogs(options[b], proxy, s3.pid, os.path.join(tmp, b), repeats) for b in backends}
     finish(out, args)
 
 
-def catalogs(options: dict, proxy, proxy_pid: int | None, server_pid: int | None, tmp: str, repeats: int) -> dict:
+def epochs(local: str, url: str, s3, proxy, options: dict[str, dict], repeats: int) -> dict:
+    """Every configuration once per round (interleaved: the machine is shared), best of ``repeats``."""
+    catalog = Catalog.build(local, COLUMNS)
+    rgs, projected = catalog.num_row_groups, catalog.projected_bytes()
+    local_files = list(catalog.urls)
+    s3_files = [f"bench/corpus/{Path(p).name}" for p in local_files]
+    raw_s3 = {"key": s3.key, "secret": s3.secret, "region": s3.region, "endpoint": proxy.endpoint_url.split("://", 1)[1]}
+    pool = RawPool(2)
+    runs: dict[str, list[dict]] = {}
+    try:
+        configs = [("local", lambda: stream_epoch(local, {}, rgs))]
+        configs += [(f"s3 {b}", lambda b=b: stream_epoch(url, options[b], rgs, s3.pid, proxy)) for b in options]
+        for mode in ("decode", "padded"):
+            configs += [(f"raw {mode} local", lambda m=mode: pool.epoch(local_files, None, m, rgs)),
+                        (f"raw {mode} s3", lambda m=mode: pool.epoch(s3_files, raw_s3, m, rgs, s3.pid, proxy, projected))]
+        for name, run in configs:  # warm-up round: clients, connections, page cache
+            run()
+        for _ in range(repeats):
+            for name, run in configs:
+                result = run()
+                result["load_average"] = os.getloadavg()[0]
+                runs.setdefault(name, []).append(result)
+    finally:
+        pool.close()
+    best = {name: max(results, key=lambda r: r["rows_per_s"]) for name, results in runs.items()}
+    for name, result in best.items():
+        result["all_rows_per_s"] = [r["rows_per_s"] for r in runs[name]]
+        result["x_local"] = result["rows_per_s"] / best["local"]["rows_per_s"]
+        result["x_raw_decode_s3"] = result["rows_per_s"] / best["raw decode s3"]["rows_per_s"]
+        result["x_raw_padded_s3"] = result["rows_per_s"] / best["raw padded s3"]["rows_per_s"]
+    return {"row_groups": rgs, "projected_bytes": projected, "runs": best}
+
+
+def catalogs(options: dict, proxy, server_pid: int | None, tmp: str, repeats: int) -> dict:
     """The catalog of the small files: cold (``repeats`` builds, each with an empty cache; the best kept), then warm."""
     out: dict = {}
     colds = []
+    proxy_pid = getattr(proxy, "pid", None)
     for k in range(repeats + 1):
-        label = "catalog_2000_cold" if k < repeats else "catalog_2000_warm_cache"
+        label = "cold" if k < repeats else "warm_cache"
         cache_dir = os.path.join(tmp, f"catalog-cache-{min(k, repeats - 1)}")
         proxy.reset_counts()
-        before = (time.process_time(), cpu_seconds(server_pid), cpu_seconds(proxy_pid) if proxy_pid else 0.0)
-        started = time.perf_counter()
-        small_catalog = Catalog.build("s3://bench/small", COLUMNS, options, cache_dir=cache_dir)
-        seconds = time.perf_counter() - started
-        client = time.process_time() - before[0]
+        with Accounting(server_pid, proxy_pid) as account:
+            started = time.perf_counter()
+            small_catalog = Catalog.build("s3://bench/small", COLUMNS, options, cache_dir=cache_dir)
+            seconds = time.perf_counter() - started
         result = {"seconds": seconds, "files": small_catalog.num_files, "requests": proxy.count(),
-                  "client_cpu_ms_per_file": 1000 * client / small_catalog.num_files,
-                  "cpu_seconds": {"client" if proxy_pid else "client_and_proxy": client,
-                                  "s3_server": cpu_seconds(server_pid) - before[1],
-                                  "proxy": (cpu_seconds(proxy_pid) - before[2]) if proxy_pid else 0.0}}
-        if label == "catalog_2000_cold":
+                  "client_cpu_ms_per_file": 1000 * account.cpu["client"] / small_catalog.num_files,
+                  "cpu_seconds": account.cpu}
+        if label == "cold":
             colds.append(result)
         else:
             out[label] = result
-    out["catalog_2000_cold"] = min(colds, key=lambda r: r["seconds"])
-    out["catalog_2000_cold"]["all_seconds"] = [r["seconds"] for r in colds]
+    out["cold"] = min(colds, key=lambda r: r["seconds"])
+    out["cold"]["all_seconds"] = [r["seconds"] for r in colds]
     return out
 
 
@@ -215,34 +382,39 @@ def finish(out: dict, args) -> None:
     out["load_average_after"] = os.getloadavg()
     print_table(out)
     Path("benchmarks/out").mkdir(parents=True, exist_ok=True)
-    name = "remote" + ("-catalog" if args.catalog_only else "") + (f"-{args.backend}" if args.backend != "fsspec" else "")
-    Path(f"benchmarks/out/{name}{'-quick' if args.quick else ''}.json").write_text(json.dumps(out, indent=2))
+    name = "remote" + ("-catalog" if args.catalog_only else "") + ("-quick" if args.quick else "")
+    Path(f"benchmarks/out/{name}.json").write_text(json.dumps(out, indent=2))
 
 
 def print_table(out: dict) -> None:
     print(f"\nS3 server: {out['server']}; {out['latency_ms']:.0f} ms added latency per request (proxy in "
-          f"{out['proxy']}); backend {out['backend']}; load average {out['load_average_before'][0]:.2f} -> "
-          f"{out['load_average_after'][0]:.2f}")
-    if "local" in out:
-        print(f"{out['layout']}; columns {COLUMNS}; 2 workers; read_ahead={READ_AHEAD}")
-        print(f"{'run':28} {'rows/s':>10} {'x local':>8} {'GETs/rg':>8} {'fetched/projected':>18} {'peak RSS/worker':>16}")
-        for key in ("local", "s3"):
-            r = out[key]
-            print(f"{key:28} {r['rows_per_s']:>10.0f} {r.get('vs_local', 1.0):>8.2f} {r.get('gets_per_row_group', 0):>8.2f} "
-                  f"{r.get('fetched_over_projected', 0):>18.3f} {r['peak_rss_mib_per_worker']:>13.0f} MiB")
-        for key in ("local", "s3"):
-            r, cpu = out[key], out[key]["cpu_seconds"]
-            print(f"  {key}: {r['seconds']:.2f} s wall on 2 cores; CPU s: workers {cpu['workers']:.2f}, "
-                  f"S3 server {cpu['s3_server']:.2f}, main process {cpu['main']:.2f}, proxy {cpu['proxy']:.2f}")
-        n = out["naive"]
-        print(f"{'naive pq.ParquetFile(fs.open)':28} {n['rows_per_s']:>10.0f} {'':>8} {'':>8} {n['fetched_over_projected']:>18.3f}")
-    for key in ("catalog_2000_cold", "catalog_2000_warm_cache"):
-        r = out[key]
-        cpu = ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_seconds"].items())
-        print(f"{key:28} {r['seconds']:>9.2f} s for {r['files']} files, {r['requests']} requests; "
-              f"client CPU {r['client_cpu_ms_per_file']:.2f} ms per file; CPU s: {cpu}")
-    if "all_seconds" in out["catalog_2000_cold"]:
-        print(f"  cold builds: {', '.join(f'{s:.2f}' for s in out['catalog_2000_cold']['all_seconds'])} s")
+          f"{out['proxy']}); load average {out['load_average_before'][0]:.2f} -> {out['load_average_after'][0]:.2f}")
+    if out.get("lookahead_experiment") is not None:
+        print(f"EXPERIMENT: streamshard.delivery._MAX_LOOKAHEAD = {out['lookahead_experiment']} (library: 64)")
+    if "epochs" in out:
+        e = out["epochs"]
+        print(f"{out['layout']} ({e['row_groups']} row groups); columns {COLUMNS}; StreamLoader(num_workers=2), "
+              f"read_ahead={READ_AHEAD}; best of {out['repeats']}")
+        print(f"{'run':18} {'rows/s':>9} {'x local':>8} {'x raw s3 decode/padded':>23} {'req/rg':>7} {'KiB/rg':>7} {'client CPU ms/rg':>17} "
+              f"{'CPU s: client/server/proxy':>27} {'RSS +MiB':>9} {'load':>5}")
+        for name, r in e["runs"].items():
+            cpu = r["cpu_seconds"]
+            print(f"{name:18} {r['rows_per_s']:>9.0f} {r['x_local']:>8.2f} {r['x_raw_decode_s3']:>11.2f}/{r['x_raw_padded_s3']:<11.2f} "
+                  f"{r.get('requests_per_row_group', 0):>7.2f} {r.get('kib_per_row_group', 0):>7.0f} "
+                  f"{r['client_cpu_ms_per_row_group']:>17.2f} "
+                  f"{cpu['client']:>9.2f}/{cpu['s3_server']:.2f}/{cpu['proxy']:.2f}        "
+                  f"{r.get('rss_growth_mib', 0):>9.0f} {r['load_average']:>5.2f}")
+        for name, r in e["runs"].items():
+            extra = (f"; reader: {r['reader']['requests']} requests, {r['reader']['footers_fetched']} footers, "
+                     f"{r['reader']['misses']} misses; I/O threads' CPU: fsspec loop {r['cpu_seconds']['client_fsspec_io_loop']:.2f} s, "
+                     f"native {r['cpu_seconds']['client_native_threads']:.2f} s") if "reader" in r else ""
+            print(f"  {name}: {r['seconds']:.2f} s; all rows/s {', '.join(f'{x:.0f}' for x in r['all_rows_per_s'])}{extra}")
+    for backend, c in out.get("catalog", {}).items():
+        for key in ("cold", "warm_cache"):
+            r = c[key]
+            print(f"catalog {SMALL_FILES if r['files'] == SMALL_FILES else r['files']} files {key:10} {backend:8} "
+                  f"{r['seconds']:>6.2f} s, {r['requests']} requests; client CPU {r['client_cpu_ms_per_file']:.2f} ms per file"
+                  + (f" (cold builds: {', '.join(f'{s:.2f}' for s in r['all_seconds'])} s)" if "all_seconds" in r else ""))
 
 
 if __name__ == "__main__":
