@@ -2,8 +2,9 @@
 
 Each round runs, in a fresh process per checkout and configuration (alternating the checkouts):
 ``StreamLoader(ds, num_workers=2, workers="processes")`` (slotted worker processes) and a plain
-``DataLoader(ds, batch_size=None, num_workers=2)``, both at the default ``batch_size=256``, persistent
-workers, one warm-up epoch, then rows/s over two epochs. Prints a table of medians and the new/old
+``DataLoader(ds, batch_size=None, num_workers=2)``, both at the default ``batch_size=256``, and the
+plain DataLoader over row-group batches (``ParquetStream(batch_size=None)``); persistent workers, one
+warm-up epoch, then rows/s over two epochs. Prints a table of medians and the new/old
 ratio, and writes ``benchmarks/out/handoff_ab.json``. The corpus is ``throughput.py``'s (run it once).
 
     git worktree add /tmp/old <commit> && .venv/bin/python benchmarks/handoff_ab.py --src /tmp/old
@@ -27,7 +28,7 @@ import sys, time
 sys.path.insert(0, sys.argv[1])
 import streamshard as ss
 from torch.utils.data import DataLoader
-ds = ss.ParquetStream(sys.argv[2] + "/*.parquet", batch_size=256)
+ds = ss.ParquetStream(sys.argv[2] + "/*.parquet", batch_size=None if sys.argv[3] == "dataloader-none" else 256)
 ds.set_epoch(0)
 if sys.argv[3] == "stream":
     kwargs = {"workers": "processes"} if "workers" in ss.StreamLoader.__init__.__code__.co_varnames else {}
@@ -55,7 +56,7 @@ def main() -> None:
     results: dict[str, list[float]] = {}
     load = [os.getloadavg()[0]]
     for _ in range(args.rounds):
-        for loader in ("stream", "dataloader"):
+        for loader in ("stream", "dataloader", "dataloader-none"):
             for side, src in sides.items():
                 out = subprocess.run([sys.executable, "-c", CHILD, src, str(CORPUS), loader],
                                      capture_output=True, text=True, check=True)
@@ -65,7 +66,8 @@ def main() -> None:
     print(f"{'configuration':40} {'old':>10} {'new':>10} {'new/old':>8}")
     table = {}
     for loader, label in (("stream", "StreamLoader, worker processes, bs=256"),
-                          ("dataloader", "plain DataLoader, 2 workers, bs=256")):
+                          ("dataloader", "plain DataLoader, 2 workers, bs=256"),
+                          ("dataloader-none", "plain DataLoader, 2 workers, bs=None")):
         old, new = (statistics.median(results[f"{loader} {s}"]) for s in ("old", "new"))
         table[label] = {"old": old, "new": new, "ratio": new / old, "runs": {s: results[f"{loader} {s}"] for s in sides}}
         print(f"{label:40} {old:10,.0f} {new:10,.0f} {new / old:8.2f}")

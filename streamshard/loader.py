@@ -24,7 +24,6 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from .errors import StateError
-from .handoff import SlotLeases, new_leases
 from .prefetch import DevicePrefetcher
 from .sampler import ElasticSampler
 from .thread_workers import round_robin
@@ -72,7 +71,7 @@ class _Source(Protocol):
 class _Stream:
     """A stream batches itself and keeps its loaded position for every pass over its epoch."""
 
-    slotted = True  # its workers hand batches over through shared slots (handoff.py)
+    threadable = True  # its workers' passes can run as threads of the training process
 
     def __init__(self, stream: StreamSource) -> None:
         self.stream = stream
@@ -98,15 +97,6 @@ class _Stream:
 
     def data_loader(self, **kwargs: Any) -> DataLoader:
         return DataLoader(self.stream, batch_size=None, **kwargs)  # type: ignore[arg-type]
-
-    def start(self, loader: DataLoader, leases: Any) -> Iterator[Any]:
-        """Start ``loader``'s workers with the slot tables (they copy batches into shared slots);
-        the dataset forgets them again, so another DataLoader over it is unaffected."""
-        self.stream._handoff = leases  # type: ignore[attr-defined]
-        try:
-            return iter(loader)
-        finally:
-            self.stream._handoff = None  # type: ignore[attr-defined]
 
 
 class _Sampled:
@@ -156,10 +146,7 @@ class _Sampled:
         return DataLoader(self.dataset, sampler=self.sampler, batch_size=self.batch_size, drop_last=self.drop_last,
                           collate_fn=self.collate_fn, **kwargs)
 
-    slotted = False  # map-style batches take torch's ordinary path (collated in the worker)
-
-    def start(self, loader: DataLoader, leases: Any) -> Iterator[Any]:
-        return iter(loader)
+    threadable = False  # map-style batches are collated in worker processes
 
     def _span(self) -> tuple[int, int]:
         """(first sample, samples) of the running pass, else of the pass the sampler would start next."""
@@ -177,13 +164,13 @@ def _worker_kind(workers: str, source: Any, dataset: Any, num_workers: int, cont
         raise ValueError(f"workers must be 'auto', 'threads' or 'processes', got {workers!r}")
     if num_workers == 0:
         return "none"  # the pass runs in the loop's own thread
-    if workers == "threads" and not source.slotted:
+    if workers == "threads" and not source.threadable:
         raise ValueError("workers='threads' runs streams (ParquetStream, BlendedStream, PackedStream); a map-style "
                          "dataset with a sampler is collated in worker processes: use workers='processes'")
     if workers != "auto":
         return workers
     plain = getattr(dataset, "transform", None) is None and context is None and init is None
-    return "threads" if source.slotted and plain else "processes"
+    return "threads" if source.threadable and plain else "processes"
 
 
 def _pinned(batch: Any) -> Any:
@@ -229,9 +216,9 @@ class StreamLoader:
             workers' Python bookkeeping would contend for the GIL. Both deliver the same batches in
             the same order, so a checkpoint resumes under either.
 
-    Worker processes hand batches over through recycled shared-memory slots (``handoff.py``):
-    no fresh shared-memory segment per tensor, and a batch the training loop still holds is
-    never overwritten. Thread workers hand them over as they are.
+    Worker processes hand batches over through recycled shared-memory slots (``handoff.py``, the
+    same in a plain ``DataLoader``): no fresh shared-memory segment per batch, and a batch the
+    training loop still holds is never overwritten. Thread workers hand them over as they are.
     """
 
     def __init__(
@@ -273,11 +260,6 @@ class StreamLoader:
         self._resumed = False  # the dataset holds a loaded position for self._epoch
         self._loader: DataLoader | None = None
         self._loader_resume_epoch: int | None = None  # the epoch whose position its workers were started with
-        # Zero-copy hand-off from worker processes (handoff.py): the shared tables of every worker's slots.
-        # Slotted batches are pinned here when asked (torch's pin thread would copy the slot buffers).
-        slotted = self.num_workers and self._source.slotted and self.workers == "processes"
-        self._slots = SlotLeases(new_leases(self.num_workers)) if slotted else None
-        self._pin_slots = self.pin_memory and self._slots is not None and torch.cuda.is_available()
 
     # -- epoch and length -----------------------------------------------------------------------
     @property
@@ -330,21 +312,10 @@ class StreamLoader:
             if self.pin_memory and torch.cuda.is_available():
                 batches = map(_pinned, batches)
         else:
-            loader = self._data_loader()
-            if self._slots is not None:
-                # Batches sent but never received (a pass abandoned mid-way) free their slots here.
-                self._slots.reset()
-            batches = self._received(self._source.start(loader, self._slots.tables if self._slots else None))
+            batches = iter(self._data_loader())  # worker processes hand batches over through slots (handoff.py)
         if self.device is not None:
             batches = iter(DevicePrefetcher(batches, self.device, self.prefetch_depth))
         return self._count(batches)
-
-    def _received(self, batches: Iterator[Any]) -> Iterator[Any]:
-        for batch in batches:
-            if self._slots is not None:
-                batch = self._slots.receive(batch, pin=self._pin_slots)
-                self._slots.sweep()  # slots of earlier batches the training loop (or the copy) let go of
-            yield batch
 
     def _count(self, batches: Iterator[Any]) -> Iterator[Any]:
         epoch = self._epoch
@@ -365,8 +336,8 @@ class StreamLoader:
         reusable = (self._loader is not None and self._loader_args["persistent_workers"] and resume_epoch is None
                     and self._loader_resume_epoch != self._epoch)
         if not reusable:
-            pin = self.pin_memory and self._slots is None  # slotted batches are pinned on receipt
-            self._loader = self._source.data_loader(num_workers=self.num_workers, pin_memory=pin, **self._loader_args)
+            self._loader = self._source.data_loader(num_workers=self.num_workers, pin_memory=self.pin_memory,
+                                                    **self._loader_args)
             self._loader_resume_epoch = resume_epoch
         assert self._loader is not None
         return self._loader

@@ -22,7 +22,7 @@ from torch.utils.data import IterableDataset
 from .batch_plan import Schedule
 from .elastic import Segment
 from .errors import StateError
-from .handoff import SlotPool, in_one_segment
+from .handoff import WorkerSlots
 from .resume import Planner, Position, Start, WorkerPosition
 from .shared_cell import EpochCell
 from .state import STATE_VERSION, check_fingerprint, history_json, int_field, parse_history, require
@@ -44,8 +44,7 @@ class PlannedStream(IterableDataset):
         self._cell = EpochCell()  # shared memory: set_epoch reaches persistent DataLoader workers
         self._position: Position | None = None  # a loaded state; applies to passes over its epoch
         self._progress: dict[str, Any] | None = None  # what this process's current pass delivered
-        self._handoff: Any = None  # StreamLoader's slot tables, seen by the workers it starts (handoff.py)
-        self._slots: SlotPool | None = None  # this worker process's slots
+        self._slots: WorkerSlots | None = None  # this worker process's hand-off slots (handoff.py)
         self._repeat_warned = False
 
     # -- what a subclass provides ---------------------------------------------------------------
@@ -228,16 +227,14 @@ class PlannedStream(IterableDataset):
         return True
 
     def _hand_off(self, worker_id: int, num_workers: int) -> Callable[[Any], Any] | None:
-        """How a DataLoader worker passes its batches on (``handoff.py``): into this worker's slots when a
-        ``StreamLoader`` started it (kept across passes of persistent workers), else each batch in one
-        shared-memory segment for torch's own queue; in the main process, as they are."""
+        """How a DataLoader worker process passes its batches on: through this process's recycled
+        shared-memory slots (``handoff.py``; kept across passes of persistent workers), whether a
+        ``StreamLoader`` or a plain ``DataLoader`` runs it; in the main process, as they are."""
         if num_workers == 0:
             return None
-        if self._handoff is None:
-            return in_one_segment
         if self._slots is None or self._slots.pid != os.getpid():
-            self._slots = SlotPool(self._handoff, worker_id)
-        return self._slots.place
+            self._slots = WorkerSlots()
+        return self._slots.wrap
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_slots": None}  # a worker's slots stay in that worker

@@ -1,4 +1,5 @@
-"""StreamLoader's hand-off from worker processes (workers="processes"): recycled shared-memory slots, never overwritten while used."""
+"""The hand-off from worker processes (StreamLoader's workers="processes" and a plain DataLoader): recycled
+shared-memory slots, never overwritten while used, whatever the collate function does."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import streamshard as ss
-from streamshard.handoff import SLOT_KEY
+from streamshard.handoff import MAX_SLOTS
 from streamshard.testing import write_corpus
 
 from resume_harness import same_batches
@@ -26,18 +27,38 @@ def stream(path):
     return ds
 
 
-def test_dropped_batches_recycle_their_slots_and_kept_ones_are_never_overwritten(tmp_path):
+LOADERS = {
+    "StreamLoader processes": lambda ds, **kw: ss.StreamLoader(ds, num_workers=2, workers="processes", **kw),
+    "plain DataLoader": lambda ds, **kw: DataLoader(ds, batch_size=None, num_workers=2, **kw),
+}
+
+
+def in_process(path, epoch=0):
+    """What two DataLoader workers deliver, read by thread workers: no hand-off between processes at all."""
+    ds = stream(path)
+    ds.set_epoch(epoch)
+    return list(ss.StreamLoader(ds, num_workers=2, workers="threads"))
+
+
+def cloned(batch):
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+@pytest.mark.parametrize("make", LOADERS.values(), ids=LOADERS.keys())
+def test_dropped_batches_recycle_their_slots_and_kept_ones_are_never_overwritten(tmp_path, make):
     path = corpus(tmp_path)
-    reference = list(DataLoader(stream(path), batch_size=None, num_workers=2))  # torch's ordinary hand-off
+    reference = in_process(path)
     kept, views, copies, storages = {}, {}, {}, set()
-    for i, batch in enumerate(ss.StreamLoader(stream(path), num_workers=2, workers="processes")):
-        assert SLOT_KEY not in batch
+    for i, batch in enumerate(make(stream(path))):
+        assert type(batch) is dict
+        tensors = [v for v in batch.values() if isinstance(v, torch.Tensor)]
+        assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1, "one batch, one slot"
         storages.add(batch["input_ids"].untyped_storage().data_ptr())
         if i % 5 == 0:
             kept[i] = batch  # the whole batch, held to the end
         elif i % 5 == 1:
             views[i] = batch["input_ids"][:3]  # only a view: it must keep the slot too
-        copies[i] = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        copies[i] = cloned(batch)
     assert same_batches([copies[i] for i in range(len(reference))], reference)
     assert same_batches([kept[i] for i in sorted(kept)], [reference[i] for i in sorted(kept)])
     for i, view in views.items():
@@ -46,22 +67,63 @@ def test_dropped_batches_recycle_their_slots_and_kept_ones_are_never_overwritten
     assert len(storages) < len(reference) - held, "dropped batches' slots were not reused"
 
 
-def test_a_plain_dataloader_over_the_same_dataset_is_not_affected(tmp_path):
+def test_a_user_who_keeps_every_batch_gets_them_all_intact_past_the_last_free_slot(tmp_path):
     path = corpus(tmp_path)
-    ds = stream(path)
-    list(ss.StreamLoader(ds, num_workers=2, workers="processes"))
-    batches = list(DataLoader(ds, batch_size=None, num_workers=2))
-    assert batches and all(SLOT_KEY not in b for b in batches)
+    ds = ss.ParquetStream(path, batch_size=8, rank=0, world_size=1)
+    reference = list(ss.StreamLoader(ds, num_workers=2, workers="threads"))
+    ds.set_epoch(0)
+    assert len(reference) > 2 * MAX_SLOTS + 10  # more batches than two workers have slots
+    kept = list(DataLoader(ds, batch_size=None, num_workers=2))
+    assert same_batches(kept, reference)
 
 
-def test_persistent_workers_and_abandoned_passes_keep_delivering_correct_batches(tmp_path):
+def test_a_collate_function_sees_a_dict_and_whatever_it_returns_arrives_intact(tmp_path):
     path = corpus(tmp_path)
-    reference = list(DataLoader(stream(path), batch_size=None, num_workers=2))
-    loader = ss.StreamLoader(stream(path), num_workers=2, persistent_workers=True, workers="processes")
+    reference = in_process(path)
+
+    def pieces(batch):  # takes tensors out of the batch: they must travel on their own, never in a slot
+        assert isinstance(batch, dict)
+        return batch["input_ids"][:, :4], batch["sample_id"]
+
+    got = list(DataLoader(stream(path), batch_size=None, num_workers=2, collate_fn=pieces))
+    assert len(got) == len(reference)
+    for (ids, sample_id), want in zip(got, reference):  # all held to the end: none overwritten
+        assert torch.equal(ids, want["input_ids"][:, :4]) and torch.equal(sample_id, want["sample_id"])
+
+    def edit(batch):  # changes the dict it is given: the change arrives, the rest too
+        batch = dict(batch, doubled=batch["id"] * 2)
+        batch["id"] = batch["id"] + 1
+        return batch
+
+    got = list(DataLoader(stream(path), batch_size=None, num_workers=2, collate_fn=edit))
+    for batch, want in zip(got, reference):
+        assert torch.equal(batch["id"], want["id"] + 1) and torch.equal(batch["doubled"], want["id"] * 2)
+        assert torch.equal(batch["input_ids"], want["input_ids"])
+
+
+def test_dataloader_batching_of_a_stream_collates_its_batches(tmp_path):
+    path = corpus(tmp_path)
+    ds = ss.ParquetStream(path, columns=["id", "score"], batch_size=30, rank=0, world_size=1)  # 63 full batches
+    ds.set_epoch(0)
+    reference = list(ds)  # one worker's order, read in this process
+    got = list(DataLoader(ds, batch_size=3, num_workers=1))  # default_collate stacks three batches
+    assert len(got) == 21 and all(type(b) is dict for b in got)
+    for i, batch in enumerate(got):
+        for key in ("id", "score", "sample_id"):
+            assert torch.equal(batch[key], torch.stack([b[key] for b in reference[3 * i:3 * i + 3]]))
+
+
+@pytest.mark.parametrize("make", LOADERS.values(), ids=LOADERS.keys())
+def test_persistent_workers_and_abandoned_passes_keep_delivering_correct_batches(tmp_path, make):
+    path = corpus(tmp_path)
+    reference = in_process(path)
+    loader = make(stream(path), persistent_workers=True)
     got = []
     for stop in (3, 7, 10_000):  # abandon two passes mid-way (prefetched batches are never received)
+        if isinstance(loader, DataLoader):
+            got = []  # a plain DataLoader starts the epoch over; StreamLoader continues it
         for batch in loader:
-            got.append({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in batch.items()})
+            got.append(cloned(batch))
             if len(got) >= stop:
                 break
         if len(got) == len(reference):
@@ -93,27 +155,15 @@ def test_cuda_batches_arrive_on_the_device_with_the_same_values(tmp_path):
     assert same_batches(cpu, reference)
 
 
-def test_fresh_worker_processes_every_pass_never_read_a_stale_slot_mapping(tmp_path):
+@pytest.mark.parametrize("make", LOADERS.values(), ids=LOADERS.keys())
+def test_fresh_worker_processes_every_pass_never_read_a_stale_slot_mapping(tmp_path, make):
     """Without persistent workers each pass forks new workers whose slot buffers are new: the main
     process must map them afresh (same slot numbers, same buffer generations as the old workers')."""
     path = corpus(tmp_path)
-    loader = ss.StreamLoader(stream(path), num_workers=2, workers="processes")
+    ds = stream(path)
+    loader = make(ds)
     for epoch in range(3):
-        reference_ds = stream(path)
-        reference_ds.set_epoch(epoch)
-        reference = list(DataLoader(reference_ds, batch_size=None, num_workers=2))
-        loader.set_epoch(epoch)
-        got = [{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in b.items()} for b in loader]
-        assert same_batches(got, reference), f"epoch {epoch} differs from torch's ordinary hand-off"
-
-
-def test_a_plain_dataloaders_batch_travels_as_one_shared_segment_with_the_same_values(tmp_path):
-    """Without StreamLoader, a worker puts all tensors of a batch in one shared-memory segment, so
-    torch passes one segment per batch instead of one per tensor; the values are unchanged."""
-    path = corpus(tmp_path)
-    in_process = list(stream(path))
-    from_workers = list(DataLoader(stream(path), batch_size=None, num_workers=1))
-    assert same_batches(from_workers, in_process)
-    for batch in from_workers:
-        storages = {v.untyped_storage().data_ptr() for v in batch.values() if isinstance(v, torch.Tensor)}
-        assert len(storages) == 1, f"{len(storages)} segments for one batch"
+        reference = in_process(path, epoch)
+        (loader if isinstance(loader, ss.StreamLoader) else ds).set_epoch(epoch)
+        got = [cloned(b) for b in loader]
+        assert same_batches(got, reference), f"epoch {epoch} differs from the batches read in process"
