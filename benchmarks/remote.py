@@ -44,6 +44,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from streamshard import delivery  # noqa: E402
 from streamshard.catalog import Catalog  # noqa: E402
 from streamshard.dataset import DEFAULT_BATCH_SIZE, ParquetStream  # noqa: E402
 from streamshard.loader import StreamLoader  # noqa: E402
@@ -279,18 +280,15 @@ def main() -> None:
                         help="run the latency proxy in this process (its CPU then counts as the client's)")
     parser.add_argument("--repeats", type=int, default=None, help="epochs of each configuration (the best is kept)")
     parser.add_argument("--lookahead", type=int, default=None,
-                        help="EXPERIMENT: set streamshard.delivery._MAX_LOOKAHEAD (batch specs scanned for the next "
-                             "row groups to read; 64 in the library) to measure a proposed change")
+                        help="EXPERIMENT: also run each StreamLoader epoch with streamshard.delivery._MAX_LOOKAHEAD "
+                             "(batch specs scanned for the next row groups to read; 64 in the library) set to this, "
+                             "interleaved with the library's runs, to measure a proposed change")
     args = parser.parse_args()
     backends = [b for b in args.backends.split(",") if b]
     if set(backends) - set(BACKENDS):
         parser.error(f"--backends: choose from {BACKENDS}")
-    if args.lookahead is not None:
-        import streamshard.delivery
-
-        if not hasattr(streamshard.delivery, "_MAX_LOOKAHEAD"):
-            parser.error("--lookahead: this streamshard has no delivery._MAX_LOOKAHEAD (the look-ahead changed)")
-        streamshard.delivery._MAX_LOOKAHEAD = args.lookahead
+    if args.lookahead is not None and not hasattr(delivery, "_MAX_LOOKAHEAD"):
+        parser.error("--lookahead: this streamshard has no delivery._MAX_LOOKAHEAD (the look-ahead changed)")
     layout, small_files, repeats = ((QUICK["layout"], QUICK["small_files"], QUICK["repeats"]) if args.quick
                                     else (LAYOUT, SMALL_FILES, REPEATS))
     repeats = args.repeats or repeats
@@ -314,13 +312,25 @@ def main() -> None:
             base["client_kwargs"] = {**base["client_kwargs"], "endpoint_url": proxy.endpoint_url}
             options = {b: (base if b == "fsspec" else {**base, "backend": b}) for b in backends}
             if not args.catalog_only:
-                out["epochs"] = epochs(local, url, s3, proxy, options, repeats)
+                out["epochs"] = epochs(local, url, s3, proxy, options, repeats, args.lookahead)
             if not args.no_catalog:
                 out["catalog"] = {b: catalogs(options[b], proxy, s3.pid, os.path.join(tmp, b), repeats) for b in backends}
     finish(out, args)
 
 
-def epochs(local: str, url: str, s3, proxy, options: dict[str, dict], repeats: int) -> dict:
+def with_lookahead(specs: int, run: Any) -> Any:
+    """``run`` as a function that runs it with ``delivery._MAX_LOOKAHEAD = specs`` (the experiment)."""
+    def experiment() -> dict:
+        library = delivery._MAX_LOOKAHEAD
+        delivery._MAX_LOOKAHEAD = specs
+        try:
+            return run()
+        finally:
+            delivery._MAX_LOOKAHEAD = library
+    return experiment
+
+
+def epochs(local: str, url: str, s3, proxy, options: dict[str, dict], repeats: int, lookahead: int | None) -> dict:
     """Every configuration once per round (interleaved: the machine is shared), best of ``repeats``."""
     catalog = Catalog.build(local, COLUMNS)
     rgs, projected = catalog.num_row_groups, catalog.projected_bytes()
@@ -332,6 +342,8 @@ def epochs(local: str, url: str, s3, proxy, options: dict[str, dict], repeats: i
     try:
         configs = [("local", lambda: stream_epoch(local, {}, rgs))]
         configs += [(f"s3 {b}", lambda b=b: stream_epoch(url, options[b], rgs, s3.pid, proxy)) for b in options]
+        if lookahead is not None:
+            configs += [(f"{name} la={lookahead}", with_lookahead(lookahead, run)) for name, run in configs]
         for mode in ("decode", "padded"):
             configs += [(f"raw {mode} local", lambda m=mode: pool.epoch(local_files, None, m, rgs)),
                         (f"raw {mode} s3", lambda m=mode: pool.epoch(s3_files, raw_s3, m, rgs, s3.pid, proxy, projected))]
@@ -347,7 +359,8 @@ def epochs(local: str, url: str, s3, proxy, options: dict[str, dict], repeats: i
     best = {name: max(results, key=lambda r: r["rows_per_s"]) for name, results in runs.items()}
     for name, result in best.items():
         result["all_rows_per_s"] = [r["rows_per_s"] for r in runs[name]]
-        result["x_local"] = result["rows_per_s"] / best["local"]["rows_per_s"]
+        same = "local" + (name[name.index(" la="):] if " la=" in name else "")  # local with the same look-ahead
+        result["x_local"] = result["rows_per_s"] / best[same]["rows_per_s"]
         result["x_raw_decode_s3"] = result["rows_per_s"] / best["raw decode s3"]["rows_per_s"]
         result["x_raw_padded_s3"] = result["rows_per_s"] / best["raw padded s3"]["rows_per_s"]
     return {"row_groups": rgs, "projected_bytes": projected, "runs": best}
@@ -390,16 +403,17 @@ def print_table(out: dict) -> None:
     print(f"\nS3 server: {out['server']}; {out['latency_ms']:.0f} ms added latency per request (proxy in "
           f"{out['proxy']}); load average {out['load_average_before'][0]:.2f} -> {out['load_average_after'][0]:.2f}")
     if out.get("lookahead_experiment") is not None:
-        print(f"EXPERIMENT: streamshard.delivery._MAX_LOOKAHEAD = {out['lookahead_experiment']} (library: 64)")
+        print(f"EXPERIMENT: runs marked la={out['lookahead_experiment']} set streamshard.delivery._MAX_LOOKAHEAD to "
+              f"{out['lookahead_experiment']} (the library: 64)")
     if "epochs" in out:
         e = out["epochs"]
         print(f"{out['layout']} ({e['row_groups']} row groups); columns {COLUMNS}; StreamLoader(num_workers=2), "
               f"read_ahead={READ_AHEAD}; best of {out['repeats']}")
-        print(f"{'run':18} {'rows/s':>9} {'x local':>8} {'x raw s3 decode/padded':>23} {'req/rg':>7} {'KiB/rg':>7} {'client CPU ms/rg':>17} "
+        print(f"{'run':24} {'rows/s':>9} {'x local':>8} {'x raw s3 decode/padded':>23} {'req/rg':>7} {'KiB/rg':>7} {'client CPU ms/rg':>17} "
               f"{'CPU s: client/server/proxy':>27} {'RSS +MiB':>9} {'load':>5}")
         for name, r in e["runs"].items():
             cpu = r["cpu_seconds"]
-            print(f"{name:18} {r['rows_per_s']:>9.0f} {r['x_local']:>8.2f} {r['x_raw_decode_s3']:>11.2f}/{r['x_raw_padded_s3']:<11.2f} "
+            print(f"{name:24} {r['rows_per_s']:>9.0f} {r['x_local']:>8.2f} {r['x_raw_decode_s3']:>11.2f}/{r['x_raw_padded_s3']:<11.2f} "
                   f"{r.get('requests_per_row_group', 0):>7.2f} {r.get('kib_per_row_group', 0):>7.0f} "
                   f"{r['client_cpu_ms_per_row_group']:>17.2f} "
                   f"{cpu['client']:>9.2f}/{cpu['s3_server']:.2f}/{cpu['proxy']:.2f}        "
