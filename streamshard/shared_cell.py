@@ -14,28 +14,36 @@ class EpochCell:
 
     def __init__(self) -> None:
         self._slots = torch.tensor([0, -1, -1], dtype=torch.int64).share_memory_()
+        self._values = self._slots.numpy()  # read per batch: numpy indexing never drops the GIL, torch's does
+
+    def __getstate__(self) -> dict[str, torch.Tensor]:
+        return {"_slots": self._slots}  # the tensor travels as shared memory; the view is made again
+
+    def __setstate__(self, state: dict[str, torch.Tensor]) -> None:
+        self._slots = state["_slots"]
+        self._values = self._slots.numpy()
 
     @property
     def epoch(self) -> int:
-        return int(self._slots[0])
+        return int(self._values[0])
 
     @epoch.setter
     def epoch(self, value: int) -> None:
-        self._slots[0] = int(value)
+        self._values[0] = int(value)
 
     @property
     def workers(self) -> int:
-        return int(self._slots[1])
+        return int(self._values[1])
 
     @workers.setter
     def workers(self, value: int) -> None:
-        self._slots[1] = int(value)
+        self._values[1] = int(value)
 
     @property
     def last_pass(self) -> int:
         """The epoch the last pass started from its beginning (-1: none yet)."""
-        return int(self._slots[2])
+        return int(self._values[2])
 
     @last_pass.setter
     def last_pass(self, epoch: int) -> None:
-        self._slots[2] = int(epoch)
+        self._values[2] = int(epoch)
