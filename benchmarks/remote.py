@@ -24,6 +24,8 @@ table, writes ``benchmarks/out/remote.json``.
     .venv/bin/python benchmarks/remote.py --quick      # a smaller corpus, one repeat (a smoke run)
     .venv/bin/python benchmarks/remote.py --backends obstore --no-catalog
     .venv/bin/python benchmarks/remote.py --catalog-only --backends obstore   # the cold/warm catalog only
+    .venv/bin/python benchmarks/remote.py --lookahead 1024   # also each StreamLoader epoch with delivery's
+                                                             # look-ahead at 1,024 batch specs (an experiment)
 """
 
 from __future__ import annotations
