@@ -108,6 +108,12 @@ class Schedule:
         for index in range(start, self.steps):
             yield self.batch(index)
 
+    def upcoming_reads(self, start: int) -> Iterator[tuple[int, Read]] | None:
+        """Every read batches ``start..`` use, as ``(key, read)`` in order of first use, without
+        building their specs (so read-ahead can reach row groups many batches away); None when this
+        schedule only knows them through its specs."""
+        return None
+
     def sample_ids(self, start: int = 0) -> np.ndarray:
         """The real rows' sample ids from batch ``start`` on, in delivery order, without reading."""
         ids = [self.batch(i).sample_id for i in range(start, min(self.real_batches, self.steps))]
@@ -167,6 +173,22 @@ class StreamSchedule(Schedule):
         if self.real_batches > 0:
             return self.batch(self.real_batches - 1)
         return first_rows_spec(self.plan, self._padding_rows())
+
+    def upcoming_reads(self, start: int) -> Iterator[tuple[int, Read]]:
+        if start >= self.real_batches:
+            return
+        # Windows follow each other, pieces in order; of the window batch `start` begins in, only
+        # the pieces with rows left (a resume mid-window has delivered some pieces' rows already).
+        begin = int(self.bounds[start])
+        w = int(np.searchsorted(self.window_start, begin, side="right")) - 1
+        p0, p1 = int(self.window_first[w]), int(self.window_first[w + 1])
+        keys = [p0]
+        if p1 - p0 > 1:
+            labels, _ = self._window(w, p0, p1)
+            keys = (p0 + np.unique(labels[begin - int(self.window_start[w]):])).tolist()
+        p = self.pieces
+        for k in keys + list(range(p1, len(p))):
+            yield k, self._parts.read(int(p.rg[k]), int(p.lo[k]), int(p.hi[k]))
 
     def _padding_rows(self) -> int:
         bs = self.plan.config.batch_size

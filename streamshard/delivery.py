@@ -31,7 +31,7 @@ from .errors import ConversionError
 from .reader import ReadStats
 from .tensors import Batch, BatchConverter
 
-_MAX_LOOKAHEAD = 64  # batch specs computed ahead to find the next row groups to read
+_MAX_LOOKAHEAD = 64  # batch specs computed ahead to find the next reads, for schedules without upcoming_reads
 
 
 @dataclass
@@ -74,7 +74,9 @@ def deliver(
     ones included. ``describe(read)`` says where a read's rows come from (``"<url> row group 3"``);
     a ``ConversionError`` then names the reads whose rows failed to convert."""
     specs = schedule.batches(start)
+    upcoming = schedule.upcoming_reads(start) if read_ahead else None
     pending: dict[int, Future | _Ready] = {}
+    submitted: set[int] = set()  # keys read this pass (a finished read is never read again)
     lookahead: deque[BatchSpec] = deque()
     pool = ThreadPoolExecutor(max_workers=read_ahead, thread_name_prefix="streamshard-read") if read_ahead else None
     template: Batch | None = None
@@ -91,6 +93,7 @@ def deliver(
             raise
 
     def submit(key: int, what: Read) -> None:
+        submitted.add(key)
         pending[key] = pool.submit(guarded, what) if pool is not None else _Ready(read(what))
 
     def pull() -> bool:
@@ -115,9 +118,16 @@ def deliver(
                     submit(key, what)
             if pool is not None:  # keep `read_ahead` reads in flight beyond the current batch's
                 ahead, j = sum(1 for k in pending if k not in spec.reads), 1
-                while ahead < read_ahead and j < _MAX_LOOKAHEAD and (j < len(lookahead) or pull()):
+                while upcoming is not None and ahead < read_ahead:  # however many batches away
+                    key, what = next(upcoming, (None, None))
+                    if key is None:
+                        break
+                    if key not in submitted:
+                        submit(key, what)
+                        ahead += 1
+                while upcoming is None and ahead < read_ahead and j < _MAX_LOOKAHEAD and (j < len(lookahead) or pull()):
                     for key, what in lookahead[j].reads.items():
-                        if key not in pending:
+                        if key not in submitted:
                             submit(key, what)
                             ahead += 1
                     j += 1

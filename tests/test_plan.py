@@ -201,3 +201,26 @@ def test_one_worker_without_a_window_delivers_each_piece_in_its_row_order(files,
     parts = [layout.rg_first_id[rg] + plan.row_positions(rg, lo, hi) for rg, lo, hi in zip(pieces.rg, pieces.lo, pieces.hi)]
     expected = np.concatenate(parts) if parts else np.zeros(0, np.int64)
     np.testing.assert_array_equal(StreamSchedule(plan, 0).sample_ids(), expected)
+
+
+@PROPERTY
+@given(files=layouts, workers=st.integers(1, 6), config=configs, epoch=st.integers(0, 2), data=st.data())
+def test_upcoming_reads_name_exactly_the_reads_the_remaining_batches_use(files, workers, config, epoch, data):
+    """What read-ahead fetches without building specs (``upcoming_reads``) is every read the batches
+    from ``start`` on use, once each, and the same read as the batch names."""
+    from streamshard.batch_plan import StreamSchedule
+
+    plan = EpochPlan(make_layout(files), config, epoch, workers)
+    schedule = StreamSchedule(plan, data.draw(st.integers(0, workers - 1)))
+    start = data.draw(st.integers(0, max(schedule.steps, 0)))
+    used = {}
+    for spec in schedule.batches(start):
+        for key, read in spec.reads.items():
+            used.setdefault(key, read)
+    upcoming = list(schedule.upcoming_reads(start))
+    assert [k for k, _ in upcoming] == sorted({k for k, _ in upcoming})  # once each, in piece order
+    assert {k for k, _ in upcoming} == set(used)
+    for key, read in upcoming:
+        assert read == used[key]
+        assert (read.rows is None) == (used[key].rows is None)
+        assert read.rows is None or np.array_equal(read.rows, used[key].rows)
