@@ -195,7 +195,8 @@ def _padded(batch: Any) -> tuple[Any, ...]:
     lengths = np.diff(offsets)
     padded = np.zeros((len(lengths), int(lengths.max()) if len(lengths) else 0), dtype=values.dtype)
     padded[np.arange(padded.shape[1]) < lengths[:, None]] = values
-    return torch.from_numpy(batch.column(0).to_numpy()), torch.from_numpy(padded), torch.from_numpy(lengths)
+    ids = batch.column(0).to_numpy().copy()  # writable, as a loader hands it over (Arrow's view is read-only)
+    return torch.from_numpy(ids), torch.from_numpy(padded), torch.from_numpy(lengths)
 
 
 def _raw_worker(conn: Any) -> None:
