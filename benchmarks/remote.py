@@ -24,8 +24,6 @@ table, writes ``benchmarks/out/remote.json``.
     .venv/bin/python benchmarks/remote.py --quick      # a smaller corpus, one repeat (a smoke run)
     .venv/bin/python benchmarks/remote.py --backends obstore --no-catalog
     .venv/bin/python benchmarks/remote.py --catalog-only --backends obstore   # the cold/warm catalog only
-    .venv/bin/python benchmarks/remote.py --lookahead 1024   # also each StreamLoader epoch with delivery's
-                                                             # look-ahead at 1,024 batch specs (an experiment)
 """
 
 from __future__ import annotations
@@ -46,7 +44,6 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from streamshard import delivery  # noqa: E402
 from streamshard.catalog import Catalog  # noqa: E402
 from streamshard.dataset import DEFAULT_BATCH_SIZE, ParquetStream  # noqa: E402
 from streamshard.loader import StreamLoader  # noqa: E402
@@ -282,23 +279,17 @@ def main() -> None:
     parser.add_argument("--proxy-in-process", action="store_true",
                         help="run the latency proxy in this process (its CPU then counts as the client's)")
     parser.add_argument("--repeats", type=int, default=None, help="epochs of each configuration (the best is kept)")
-    parser.add_argument("--lookahead", type=int, default=None,
-                        help="EXPERIMENT: also run each StreamLoader epoch with streamshard.delivery._MAX_LOOKAHEAD "
-                             "(batch specs scanned for the next row groups to read; 64 in the library) set to this, "
-                             "interleaved with the library's runs, to measure a proposed change")
     args = parser.parse_args()
     backends = [b for b in args.backends.split(",") if b]
     if set(backends) - set(BACKENDS):
         parser.error(f"--backends: choose from {BACKENDS}")
-    if args.lookahead is not None and not hasattr(delivery, "_MAX_LOOKAHEAD"):
-        parser.error("--lookahead: this streamshard has no delivery._MAX_LOOKAHEAD (the look-ahead changed)")
     layout, small_files, repeats = ((QUICK["layout"], QUICK["small_files"], QUICK["repeats"]) if args.quick
                                     else (LAYOUT, SMALL_FILES, REPEATS))
     repeats = args.repeats or repeats
     out: dict = {"latency_ms": LATENCY * 1000, "server": args.server, "read_ahead": READ_AHEAD, "backends": backends,
                  "layout": f"{len(layout)} files x {len(layout[0])} row groups x {layout[0][0]} rows",
                  "proxy": "in process" if args.proxy_in_process else "child process", "repeats": repeats,
-                 "lookahead_experiment": args.lookahead, "load_average_before": os.getloadavg()}
+                 "load_average_before": os.getloadavg()}
     with tempfile.TemporaryDirectory() as tmp, SERVERS[args.server]() as s3:
         local = os.path.join(tmp, "corpus")
         if not args.catalog_only:
@@ -315,25 +306,13 @@ def main() -> None:
             base["client_kwargs"] = {**base["client_kwargs"], "endpoint_url": proxy.endpoint_url}
             options = {b: (base if b == "fsspec" else {**base, "backend": b}) for b in backends}
             if not args.catalog_only:
-                out["epochs"] = epochs(local, url, s3, proxy, options, repeats, args.lookahead)
+                out["epochs"] = epochs(local, url, s3, proxy, options, repeats)
             if not args.no_catalog:
                 out["catalog"] = {b: catalogs(options[b], proxy, s3.pid, os.path.join(tmp, b), repeats) for b in backends}
     finish(out, args)
 
 
-def with_lookahead(specs: int, run: Any) -> Any:
-    """``run`` as a function that runs it with ``delivery._MAX_LOOKAHEAD = specs`` (the experiment)."""
-    def experiment() -> dict:
-        library = delivery._MAX_LOOKAHEAD
-        delivery._MAX_LOOKAHEAD = specs
-        try:
-            return run()
-        finally:
-            delivery._MAX_LOOKAHEAD = library
-    return experiment
-
-
-def epochs(local: str, url: str, s3, proxy, options: dict[str, dict], repeats: int, lookahead: int | None) -> dict:
+def epochs(local: str, url: str, s3, proxy, options: dict[str, dict], repeats: int) -> dict:
     """Every configuration once per round (interleaved: the machine is shared), best of ``repeats``."""
     catalog = Catalog.build(local, COLUMNS)
     rgs, projected = catalog.num_row_groups, catalog.projected_bytes()
@@ -345,8 +324,6 @@ def epochs(local: str, url: str, s3, proxy, options: dict[str, dict], repeats: i
     try:
         configs = [("local", lambda: stream_epoch(local, {}, rgs))]
         configs += [(f"s3 {b}", lambda b=b: stream_epoch(url, options[b], rgs, s3.pid, proxy)) for b in options]
-        if lookahead is not None:
-            configs += [(f"{name} la={lookahead}", with_lookahead(lookahead, run)) for name, run in configs]
         for mode in ("decode", "padded"):
             configs += [(f"raw {mode} local", lambda m=mode: pool.epoch(local_files, None, m, rgs)),
                         (f"raw {mode} s3", lambda m=mode: pool.epoch(s3_files, raw_s3, m, rgs, s3.pid, proxy, projected))]
@@ -362,8 +339,7 @@ def epochs(local: str, url: str, s3, proxy, options: dict[str, dict], repeats: i
     best = {name: max(results, key=lambda r: r["rows_per_s"]) for name, results in runs.items()}
     for name, result in best.items():
         result["all_rows_per_s"] = [r["rows_per_s"] for r in runs[name]]
-        same = "local" + (name[name.index(" la="):] if " la=" in name else "")  # local with the same look-ahead
-        result["x_local"] = result["rows_per_s"] / best[same]["rows_per_s"]
+        result["x_local"] = result["rows_per_s"] / best["local"]["rows_per_s"]
         result["x_raw_decode_s3"] = result["rows_per_s"] / best["raw decode s3"]["rows_per_s"]
         result["x_raw_padded_s3"] = result["rows_per_s"] / best["raw padded s3"]["rows_per_s"]
     return {"row_groups": rgs, "projected_bytes": projected, "runs": best}
@@ -405,9 +381,6 @@ def finish(out: dict, args) -> None:
 def print_table(out: dict) -> None:
     print(f"\nS3 server: {out['server']}; {out['latency_ms']:.0f} ms added latency per request (proxy in "
           f"{out['proxy']}); load average {out['load_average_before'][0]:.2f} -> {out['load_average_after'][0]:.2f}")
-    if out.get("lookahead_experiment") is not None:
-        print(f"EXPERIMENT: runs marked la={out['lookahead_experiment']} set streamshard.delivery._MAX_LOOKAHEAD to "
-              f"{out['lookahead_experiment']} (the library: 64)")
     if "epochs" in out:
         e = out["epochs"]
         print(f"{out['layout']} ({e['row_groups']} row groups); columns {COLUMNS}; StreamLoader(num_workers=2), "
