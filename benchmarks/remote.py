@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import resource
 import sys
@@ -48,6 +47,8 @@ from streamshard.catalog import Catalog  # noqa: E402
 from streamshard.dataset import DEFAULT_BATCH_SIZE, ParquetStream  # noqa: E402
 from streamshard.loader import StreamLoader  # noqa: E402
 from streamshard.testing import FaultConfig, faulty_proxy, local_s3, local_seaweedfs, write_corpus  # noqa: E402
+
+from json_workers import JsonWorkers, serve_json  # noqa: E402  (benchmarks/, this script's directory)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from proxy_process import proxy_process  # noqa: E402
@@ -197,43 +198,32 @@ def _padded(batch: Any) -> tuple[Any, ...]:
 
 
 def _raw_worker(conn: Any) -> None:
-    """Serve ``{"paths", "s3", "mode"}`` tasks (JSON, never pickles) until an empty message: read every
-    row group's projected columns (``decode``: Arrow only; ``padded``: also the tensors of batches of
-    ``DEFAULT_BATCH_SIZE`` rows a loader yields), report rows, seconds and this process's CPU seconds."""
-    import torch
-
-    torch.set_num_threads(1)
-    while True:
-        message = conn.recv_bytes()
-        if not message:
-            return
-        task = json.loads(message)
-        filesystem = _raw_filesystem(task["s3"])
-        padded = task["mode"] == "padded"
-        cpu, started, rows = time.process_time(), time.perf_counter(), 0
-        for path in task["paths"]:
-            parquet = pq.ParquetFile(path, filesystem=filesystem, pre_buffer=True)
-            for batch in parquet.iter_batches(batch_size=DEFAULT_BATCH_SIZE if padded else RAW_BATCH_ROWS,
-                                              columns=COLUMNS):
-                rows += batch.num_rows
-                if padded:
-                    _padded(batch)
-        conn.send_bytes(json.dumps({"rows": rows, "seconds": time.perf_counter() - started,
-                                    "cpu": time.process_time() - cpu}).encode())
+    """Serve ``{"paths", "s3", "mode"}`` tasks (JSON, never pickles) until an empty message."""
+    serve_json(conn, _raw_epoch)
 
 
-class RawPool:
+def _raw_epoch(task: dict[str, Any]) -> dict[str, Any]:
+    """Read every row group's projected columns (``decode``: Arrow only; ``padded``: also the tensors
+    of batches of ``DEFAULT_BATCH_SIZE`` rows a loader yields); rows, seconds and this process's CPU
+    seconds."""
+    filesystem = _raw_filesystem(task["s3"])
+    padded = task["mode"] == "padded"
+    cpu, started, rows = time.process_time(), time.perf_counter(), 0
+    for path in task["paths"]:
+        parquet = pq.ParquetFile(path, filesystem=filesystem, pre_buffer=True)
+        for batch in parquet.iter_batches(batch_size=DEFAULT_BATCH_SIZE if padded else RAW_BATCH_ROWS,
+                                          columns=COLUMNS):
+            rows += batch.num_rows
+            if padded:
+                _padded(batch)
+    return {"rows": rows, "seconds": time.perf_counter() - started, "cpu": time.process_time() - cpu}
+
+
+class RawPool(JsonWorkers):
     """Two persistent spawned processes (warm imports); each epoch gives each half of the files."""
 
     def __init__(self, processes: int = 2) -> None:
-        ctx = mp.get_context("spawn")
-        self.pipes, self.procs = [], []
-        for _ in range(processes):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_raw_worker, args=(child,), daemon=True)
-            proc.start()
-            self.pipes.append(parent)
-            self.procs.append(proc)
+        super().__init__(_raw_worker, processes)
 
     def epoch(self, paths: list[str], s3: dict | None, mode: str, row_groups: int, server_pid: int | None = None,
               proxy=None, projected: int = 0) -> dict:
@@ -242,9 +232,7 @@ class RawPool:
             proxy.reset_counts()
         before = (cpu_seconds(server_pid) if server_pid else 0.0, cpu_seconds(proxy.pid) if getattr(proxy, "pid", None) else 0.0)
         started = time.perf_counter()
-        for pipe, part in zip(self.pipes, (paths[:half], paths[half:])):
-            pipe.send_bytes(json.dumps({"paths": part, "s3": s3, "mode": mode}).encode())
-        parts = [json.loads(pipe.recv_bytes()) for pipe in self.pipes]
+        parts = self.ask([{"paths": part, "s3": s3, "mode": mode} for part in (paths[:half], paths[half:])])
         seconds = time.perf_counter() - started
         rows = sum(p["rows"] for p in parts)
         client = sum(p["cpu"] for p in parts)
@@ -255,13 +243,6 @@ class RawPool:
         if proxy is not None:
             out.update(proxy_counts(proxy, row_groups, projected))
         return out
-
-    def close(self) -> None:
-        for pipe in self.pipes:
-            pipe.send_bytes(b"")
-        for proc in self.procs:
-            proc.join(timeout=10)
-
 
 # -- the run --------------------------------------------------------------------------------------
 

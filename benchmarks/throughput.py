@@ -27,7 +27,6 @@ import argparse
 import contextlib
 import cProfile
 import json
-import multiprocessing as mp
 import os
 import platform
 import pstats
@@ -51,6 +50,8 @@ from streamshard.loader import StreamLoader  # noqa: E402
 from streamshard.delivery import spec_table  # noqa: E402
 from streamshard.reader import RowGroupReader  # noqa: E402
 from streamshard.testing import write_corpus  # noqa: E402
+
+from json_workers import JsonWorkers, serve_json  # noqa: E402  (benchmarks/, this script's directory)
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out" / "throughput.json"
@@ -213,41 +214,20 @@ def raw_pass(paths: list[str], mode: str) -> dict[str, float]:
 
 def _raw_worker(conn: Any) -> None:
     """Serve ``{"paths", "mode"}`` tasks until an empty message; messages are JSON, not pickles."""
-    torch.set_num_threads(1)
-    while True:
-        message = conn.recv_bytes()
-        if not message:
-            return
-        task = json.loads(message)
-        conn.send_bytes(json.dumps(raw_pass(task["paths"], task["mode"])).encode())
+    serve_json(conn, lambda task: raw_pass(task["paths"], task["mode"]))
 
 
-class RawPool:
+class RawPool(JsonWorkers):
     """Persistent spawned processes (warm imports), one task each per measurement."""
 
     def __init__(self, processes: int) -> None:
-        ctx = mp.get_context("spawn")
-        self.pipes, self.procs = [], []
-        for _ in range(processes):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_raw_worker, args=(child,), daemon=True)
-            proc.start()
-            self.pipes.append(parent)
-            self.procs.append(proc)
+        super().__init__(_raw_worker, processes)
 
     def run(self, groups: list[list[str]], mode: str) -> dict[str, float]:
         start = time.perf_counter()
-        for pipe, paths in zip(self.pipes, groups):
-            pipe.send_bytes(json.dumps({"paths": paths, "mode": mode}).encode())
-        parts = [json.loads(pipe.recv_bytes()) for pipe in self.pipes]
+        parts = self.ask([{"paths": paths, "mode": mode} for paths in groups])
         seconds = time.perf_counter() - start
         return {"rows": sum(p["rows"] for p in parts), "tokens": sum(p["tokens"] for p in parts), "seconds": seconds}
-
-    def close(self) -> None:
-        for pipe in self.pipes:
-            pipe.send_bytes(b"")
-        for proc in self.procs:
-            proc.join(timeout=10)
 
 
 # -- ParquetStream --------------------------------------------------------------------------
