@@ -12,15 +12,25 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections import deque
 from typing import Any, Iterator
 
 _POLL_S = 0.1  # how often a worker blocked on a full queue checks whether the pass was abandoned
+_CHUNK_BATCHES, _CHUNK_BYTES = 8, 4 << 20  # batches a worker hands over at once, at most
+
+
+def _nbytes(batch: Any) -> int:
+    if isinstance(batch, dict):
+        return sum(v.nbytes for v in batch.values() if hasattr(v, "nbytes"))
+    return 0
 
 
 def round_robin(passes: list[Iterator[Any]], depth: int, timeout: float = 0) -> Iterator[Any]:
-    """Run each iterator of ``passes`` in its own thread, ``depth`` batches ahead, and yield their
-    batches round robin (worker 0, 1, ..., 0, 1, ...; an exhausted worker is skipped). Leaving the
-    loop early stops the threads; ``timeout`` > 0 bounds the wait for one batch, in seconds."""
+    """Run each iterator of ``passes`` in its own thread, ``depth`` hand-offs ahead, and yield their
+    batches round robin (worker 0, 1, ..., 0, 1, ...; an exhausted worker is skipped). A hand-off
+    carries up to 8 batches or 4 MiB (fewer when the loop is waiting for that worker): each one
+    wakes a thread, which costs more than a small batch. Leaving the loop early stops the threads;
+    ``timeout`` > 0 bounds the wait for one hand-off, in seconds."""
     queues: list[queue.Queue] = [queue.Queue(maxsize=depth) for _ in passes]
     stop = threading.Event()
 
@@ -34,12 +44,24 @@ def round_robin(passes: list[Iterator[Any]], depth: int, timeout: float = 0) -> 
         return False
 
     def work(batches: Iterator[Any], q: queue.Queue) -> None:
+        chunk: list[Any] = []
+        size = 0
         try:
             for batch in batches:
-                if not put(q, ("batch", batch)):
-                    return
+                chunk.append(batch)
+                size += _nbytes(batch)
+                # A handful of batches per hand-off (each one wakes the loop's thread), but at once
+                # when the loop is waiting for this worker.
+                if len(chunk) >= _CHUNK_BATCHES or size >= _CHUNK_BYTES or q.empty():
+                    if not put(q, ("batches", chunk)):
+                        return
+                    chunk, size = [], 0
+            if chunk and not put(q, ("batches", chunk)):
+                return
             put(q, ("end", None))
         except BaseException as exc:  # noqa: BLE001 - handed to the training loop as it is
+            if chunk and not put(q, ("batches", chunk)):  # the batches before the failure arrive first
+                return
             put(q, ("error", exc))
         finally:
             close = getattr(batches, "close", None)
@@ -52,19 +74,22 @@ def round_robin(passes: list[Iterator[Any]], depth: int, timeout: float = 0) -> 
         thread.start()
     try:
         active = list(range(len(passes)))
+        received: list[deque[Any]] = [deque() for _ in passes]
         while active:
             for worker in list(active):
-                try:
-                    kind, value = queues[worker].get(timeout=timeout if timeout > 0 else None)
-                except queue.Empty:
-                    raise RuntimeError(f"StreamLoader timed out after {timeout} seconds waiting for worker "
-                                       f"{worker}") from None
-                if kind == "end":
-                    active.remove(worker)
-                elif kind == "error":
-                    raise value
-                else:
-                    yield value
+                if not received[worker]:
+                    try:
+                        kind, value = queues[worker].get(timeout=timeout if timeout > 0 else None)
+                    except queue.Empty:
+                        raise RuntimeError(f"StreamLoader timed out after {timeout} seconds waiting for worker "
+                                           f"{worker}") from None
+                    if kind == "end":
+                        active.remove(worker)
+                        continue
+                    if kind == "error":
+                        raise value
+                    received[worker].extend(value)
+                yield received[worker].popleft()
     finally:
         stop.set()
         for q in queues:  # unblock workers waiting to put

@@ -83,3 +83,24 @@ def test_a_worker_error_reaches_the_loop_with_its_type_and_leaving_early_stops_t
     os.utime(victim, ns=(1, 1))  # and an old mtime: the version check sees a change
     with pytest.raises(ss.ReadError, match=victim.name):
         list(ss.StreamLoader(bad, num_workers=2, workers="threads"))
+
+
+def test_round_robin_keeps_the_order_and_delivers_every_batch_before_a_workers_error():
+    """Workers hand batches over a few at a time; the loop still sees worker 0, 1, 2, 0, 1, 2, ...,
+    and a worker that fails after producing some batches gets them delivered before its error."""
+    from streamshard.thread_workers import round_robin
+
+    def worker(w, n, fail_after=None):
+        for i in range(n):
+            if fail_after is not None and i == fail_after:
+                raise KeyError(f"worker {w} broke")
+            yield {"w": w, "i": i, "x": torch.zeros(3)}
+
+    got = [(b["w"], b["i"]) for b in round_robin([worker(w, 50) for w in range(3)], depth=2)]
+    assert got == [(w, i) for i in range(50) for w in range(3)]
+
+    got = []
+    with pytest.raises(KeyError, match="worker 1 broke"):
+        for b in round_robin([worker(0, 50), worker(1, 50, fail_after=37), worker(2, 50)], depth=2):
+            got.append((b["w"], b["i"]))
+    assert got == [(w, i) for i in range(37) for w in range(3)] + [(0, 37)]
