@@ -170,6 +170,14 @@ def _rebuild(token: str, pid: int, slot: int, generation: int, size: int, layout
     return batch
 
 
+def mapped_bytes() -> int:
+    """Bytes of worker processes' slots this process has mapped (the hand-off's memory: at most
+    ``MAX_SLOTS`` per live worker, each the size of the largest batch it carried plus 25%)."""
+    with _received_lock:
+        _forget_exited_workers()
+        return sum(data.nbytes for worker in _received.values() for _, data in worker.buffers.values())
+
+
 def _release(leases: np.ndarray, slot: int) -> None:
     leases[slot] = 0
 

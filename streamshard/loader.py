@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from .errors import StateError
+from .handoff import mapped_bytes
 from .prefetch import DevicePrefetcher
 from .sampler import ElasticSampler
 from .thread_workers import round_robin
@@ -267,6 +268,12 @@ class StreamLoader:
         self._resumed = False  # the dataset holds a loaded position for self._epoch
         self._loader: DataLoader | None = None
         self._loader_resume_epoch: int | None = None  # the epoch whose position its workers were started with
+
+    @property
+    def slot_bytes(self) -> int:
+        """Shared memory of the worker processes' hand-off slots mapped in this process (all loaders'
+        and plain DataLoaders' over streamshard streams); 0 while only thread workers ran."""
+        return mapped_bytes()
 
     # -- epoch and length -----------------------------------------------------------------------
     @property

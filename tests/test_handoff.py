@@ -167,3 +167,16 @@ def test_fresh_worker_processes_every_pass_never_read_a_stale_slot_mapping(tmp_p
         (loader if isinstance(loader, ss.StreamLoader) else ds).set_epoch(epoch)
         got = [cloned(b) for b in loader]
         assert same_batches(got, reference), f"epoch {epoch} differs from the batches read in process"
+
+
+def test_the_slots_memory_is_reported_and_bounded_by_the_batches_in_flight(tmp_path):
+    path = corpus(tmp_path)
+    before = ss.StreamLoader(stream(path), num_workers=2, workers="threads").slot_bytes  # other tests' live workers
+    loader = ss.StreamLoader(stream(path), num_workers=2, workers="processes", persistent_workers=True)
+    largest = 0
+    for batch in loader:
+        largest = max(largest, sum(v.nbytes for v in batch.values() if isinstance(v, torch.Tensor)))
+    assert loader.slot_bytes > 0
+    used = loader.slot_bytes - before
+    # each worker holds a few slots (4 in flight by default, one being used), each up to 1.25x a batch
+    assert used <= 2 * 8 * 1.25 * largest + 2 * 8 * 64, f"{used} bytes of slots for batches of {largest}"
