@@ -10,13 +10,39 @@ worker. A worker's exception is raised in the training loop, with its own type.
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import time
 from collections import deque
 from typing import Any, Iterator
 
 _POLL_S = 0.1  # how often a worker blocked on a full queue checks whether the pass was abandoned
 _CHUNK_BATCHES, _CHUNK_BYTES = 8, 4 << 20  # batches a worker hands over at once, at most
+
+
+_EXIT_JOIN_S = 10.0  # how long interpreter exit waits for running passes to stop
+
+# Passes still running, stopped at interpreter exit: a thread left in pyarrow or numpy when the
+# interpreter finalizes is killed as it retakes the GIL, and the C++ frames it unwinds abort the
+# process ("terminate called without an active exception"), e.g. after a loop left mid-epoch.
+_running: set[tuple[threading.Event, tuple[threading.Thread, ...]]] = set()
+_running_lock = threading.Lock()
+
+
+def _stop_running_passes() -> None:
+    with _running_lock:
+        passes = list(_running)
+    for stop, _ in passes:
+        stop.set()
+    deadline = time.monotonic() + _EXIT_JOIN_S
+    for _, threads in passes:
+        for thread in threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
+# Before the interpreter joins its threads and abandons daemon ones (what concurrent.futures uses).
+getattr(threading, "_register_atexit", atexit.register)(_stop_running_passes)
 
 
 def _nbytes(batch: Any) -> int:
@@ -70,6 +96,9 @@ def round_robin(passes: list[Iterator[Any]], depth: int, timeout: float = 0) -> 
 
     threads = [threading.Thread(target=work, args=(p, q), name=f"streamshard-worker-{w}", daemon=True)
                for w, (p, q) in enumerate(zip(passes, queues))]
+    running = (stop, tuple(threads))
+    with _running_lock:
+        _running.add(running)
     for thread in threads:
         thread.start()
     try:
@@ -100,3 +129,5 @@ def round_robin(passes: list[Iterator[Any]], depth: int, timeout: float = 0) -> 
                     break
         for thread in threads:
             thread.join(timeout=30)
+        with _running_lock:
+            _running.discard(running)

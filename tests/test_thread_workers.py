@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -104,3 +106,20 @@ def test_round_robin_keeps_the_order_and_delivers_every_batch_before_a_workers_e
         for b in round_robin([worker(0, 50), worker(1, 50, fail_after=37), worker(2, 50)], depth=2):
             got.append((b["w"], b["i"]))
     assert got == [(w, i) for i in range(37) for w in range(3)] + [(0, 37)]
+
+
+def test_leaving_the_loop_mid_epoch_and_exiting_stops_the_worker_threads_first(corpus):
+    """A script that stops reading mid-epoch and exits must not leave worker threads inside pyarrow
+    or numpy while the interpreter finalizes (they abort the process when killed there): by the time
+    atexit handlers run, no streamshard thread is alive, and the exit code is 0."""
+    script = (
+        "import atexit, threading, streamshard as ss\n"
+        f"ds = ss.ParquetStream({str(corpus)!r}, batch_size=16, shuffle=True, rank=0, world_size=1)\n"
+        "it = iter(ss.StreamLoader(ds, num_workers=2, workers='threads'))\n"
+        "[next(it) for _ in range(3)]\n"
+        "atexit.register(lambda: print('alive at exit:', sorted(t.name for t in threading.enumerate()\n"
+        "                                                      if t.name.startswith('streamshard-'))))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "alive at exit: []" in done.stdout, done.stdout
