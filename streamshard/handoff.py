@@ -51,7 +51,6 @@ class WorkerSlots:
         self._leases, self._mapped = self.leases.numpy(), self.mapped.numpy()
         self.buffers: list[torch.Tensor | None] = [None] * MAX_SLOTS
         self.generations = [0] * MAX_SLOTS  # of each slot's buffer, counted in this process
-        self.fallbacks = 0  # batches sent the ordinary way because every slot was held
         self._lock = threading.Lock()  # pickling runs on the queue's feeder thread
 
     def wrap(self, batch: Any) -> Any:
@@ -66,8 +65,7 @@ class WorkerSlots:
         tensors = _cpu_tensors(batch)
         with self._lock:
             slot = self._free_slot(sum(_aligned(_nbytes(v)) for v in tensors.values()))
-            if slot is None:
-                self.fallbacks += 1
+            if slot is None:  # every slot held by batches the loop keeps: the ordinary way
                 return dict, (in_one_segment(dict(batch)),)
             buffer = self.buffers[slot]
             assert buffer is not None

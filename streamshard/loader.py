@@ -258,6 +258,9 @@ class StreamLoader:
         # With a device the prefetcher pins and copies itself; otherwise pin when CUDA is there.
         default_pin = torch.cuda.is_available() and self.device is None
         self.pin_memory = default_pin if pin_memory is None else bool(pin_memory)
+        check_int(prefetch_factor, "prefetch_factor", 1, none_ok=True)
+        if prefetch_factor is not None and not self.num_workers:
+            raise ValueError("prefetch_factor needs num_workers > 0 (batches are read ahead by workers)")
         if prefetch_factor is None and self.workers == "processes":
             prefetch_factor = _PROCESS_PREFETCH
         self._loader_args = dict(prefetch_factor=prefetch_factor, persistent_workers=bool(persistent_workers),
@@ -320,7 +323,7 @@ class StreamLoader:
         self._source.begin_pass()
         if self.workers == "threads":
             assert isinstance(self._source, _Stream) and self.num_workers > 0
-            depth = self._loader_args["prefetch_factor"] or 2
+            depth = self._loader_args["prefetch_factor"] or 2  # None: 2 hand-offs per thread worker
             batches = round_robin(self._source.stream.worker_passes(self.num_workers), depth,
                                   self._loader_args["timeout"])
             if self.pin_memory and torch.cuda.is_available():

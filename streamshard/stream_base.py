@@ -190,7 +190,7 @@ class PlannedStream(IterableDataset):
             "epoch": self.epoch, "history": start.history, "num_workers": num_workers, "worker_id": worker_id,
             "role": start.role, "skip": start.start, "delivered": start.start,
         }
-        return self._counted(start, progress, self._hand_off(worker_id, num_workers))
+        return self._counted(start, progress, self._hand_off(num_workers))
 
     def worker_passes(self, num_workers: int) -> list[Iterator[Any]]:
         """This rank's pass as ``num_workers`` workers in this process (``StreamLoader``'s thread
@@ -226,7 +226,7 @@ class PlannedStream(IterableDataset):
         """Whether the order depends on the epoch (a repeated epoch is then worth a warning)."""
         return True
 
-    def _hand_off(self, worker_id: int, num_workers: int) -> Callable[[Any], Any] | None:
+    def _hand_off(self, num_workers: int) -> Callable[[Any], Any] | None:
         """How a DataLoader worker process passes its batches on: through this process's recycled
         shared-memory slots (``handoff.py``; kept across passes of persistent workers), whether a
         ``StreamLoader`` or a plain ``DataLoader`` runs it; in the main process, as they are."""

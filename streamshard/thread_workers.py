@@ -19,8 +19,6 @@ from typing import Any, Iterator
 
 _POLL_S = 0.1  # how often a worker blocked on a full queue checks whether the pass was abandoned
 _CHUNK_BATCHES, _CHUNK_BYTES = 8, 4 << 20  # batches a worker hands over at once, at most
-
-
 _EXIT_JOIN_S = 10.0  # how long interpreter exit waits for running passes to stop
 
 # Passes still running, stopped at interpreter exit: a thread left in pyarrow or numpy when the

@@ -64,6 +64,15 @@ def test_auto_takes_threads_for_plain_streams_and_processes_otherwise(corpus):
         ss.StreamLoader(stream(corpus), num_workers=2, workers="fibers")
 
 
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "4"])
+def test_a_prefetch_factor_that_is_not_a_positive_int_is_refused_for_threads_too(corpus, bad):
+    """Thread workers size their queues with it: a negative one would make them unbounded."""
+    with pytest.raises((ValueError, TypeError), match="prefetch_factor"):
+        ss.StreamLoader(stream(corpus), num_workers=2, workers="threads", prefetch_factor=bad)
+    with pytest.raises(ValueError, match="prefetch_factor needs num_workers"):
+        ss.StreamLoader(stream(corpus), num_workers=0, prefetch_factor=4)
+
+
 def test_a_worker_error_reaches_the_loop_with_its_type_and_leaving_early_stops_the_threads(corpus, tmp_path):
     before = threading.active_count()
     loader = ss.StreamLoader(stream(corpus), num_workers=3, workers="threads")
