@@ -2,8 +2,10 @@
 
 The one delivery path of every stream. A :class:`~streamshard.batch_plan.Schedule` decides each
 batch; this module fetches the row groups its specs name (``read_ahead`` reads in flight on
-background threads: pyarrow decodes without the GIL), holds each decoded group until the last
-batch that needs it, and assembles, converts and pads. Memory: the groups the current batch still
+background threads: pyarrow decodes without the GIL), converts each one once on the thread that
+read it (``gather.py``), holds it until the last batch that needs it, and gathers each batch's
+rows from the reads it names, padded. Schemas with inner list levels convert each batch's rows
+instead (``build``). Memory: the groups the current batch still
 shares with later ones plus ``read_ahead`` groups read ahead, never a file; of a group this worker
 owns only part of, only that part (the read names its rows, ``Read.rows``; ``local_rows`` maps
 row numbers into it).
@@ -28,6 +30,7 @@ import torch
 from .batch_plan import BatchSpec, Read, Schedule
 from .batches import CORPUS, concat, padding_like, with_ids
 from .errors import ConversionError
+from .gather import Gatherer, convert_read, gatherable
 from .reader import ReadStats
 from .tensors import Batch, BatchConverter
 
@@ -39,7 +42,8 @@ class DeliveryStats:
     """Where a worker's time went, for ``ParquetStream.stats_hook`` (``streamshard bench`` reads it).
 
     ``worker``: which of the rank's workers; ``busy_s``: producing batches (inside ``next()``); ``wait_s``: the part of it blocked on row-group
-    reads; ``convert_s``: Arrow -> torch; ``reads``: the reader's own counters (bytes fetched, fetch
+    reads; ``convert_s``: building batches of tensors from the reads (their one-off conversion
+    runs on the read threads and is not counted here); ``reads``: the reader's own counters (bytes fetched, fetch
     and decode seconds, summed over the read-ahead threads).
     """
 
@@ -73,6 +77,9 @@ def deliver(
     streams whose reads are not plain row groups (token packing); it gets every spec, padding
     ones included. ``describe(read)`` says where a read's rows come from (``"<url> row group 3"``);
     a ``ConversionError`` then names the reads whose rows failed to convert."""
+    gatherer = Gatherer(convert) if assemble is None and gatherable(convert) else None
+    if gatherer is not None:  # each read converted once, on the thread that read it
+        read = _converting(read, convert, describe)
     specs = schedule.batches(start)
     upcoming = schedule.upcoming_reads(start) if read_ahead else None
     pending: dict[int, Future | _Ready] = {}
@@ -145,7 +152,10 @@ def deliver(
                 waited = time.perf_counter()
                 tables = {k: pending[k].result() for k in spec.reads}
                 converting = time.perf_counter()
-                batch = _build_placed(spec, tables, convert, describe)
+                if gatherer is not None:
+                    batch = gatherer.build(spec, tables)
+                else:
+                    batch = _build_placed(spec, tables, convert, describe)
                 template = batch
                 if stats is not None:
                     stats.wait_s += converting - waited
@@ -153,7 +163,7 @@ def deliver(
             else:
                 assert convert is not None
                 if template is None:
-                    template = _donor(schedule, read, convert, describe)
+                    template = _donor(schedule, read, convert, describe, gatherer)
                 batch = pad_batch(template, spec.padding, convert)
             for key in spec.done:
                 pending.pop(key, None)
@@ -171,13 +181,29 @@ def deliver(
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _donor(schedule: Schedule, read: Callable[[Read], pa.Table], convert: BatchConverter,
-           describe: Callable[[Read], str] | None) -> Batch:
+def _donor(schedule: Schedule, read: Callable[[Read], Any], convert: BatchConverter,
+           describe: Callable[[Read], str] | None, gatherer: Gatherer | None) -> Batch:
     spec = schedule.shape_donor()
     if spec is None:  # an empty dataset: a 0-row batch keeps the keys
         empty = pa.Table.from_batches([], schema=convert.schema)
         return with_ids(convert(empty), np.zeros(0, dtype=np.int64))
-    return _build_placed(spec, {k: read(r) for k, r in spec.reads.items()}, convert, describe)
+    reads = {k: read(r) for k, r in spec.reads.items()}
+    return gatherer.build(spec, reads) if gatherer is not None else _build_placed(spec, reads, convert, describe)
+
+
+def _converting(read: Callable[[Read], pa.Table], convert: BatchConverter,
+                describe: Callable[[Read], str] | None) -> Callable[[Read], Any]:
+    """``read``, then the read's rows converted once (``gather.convert_read``); a conversion error
+    names the file and row group they came from."""
+    def read_converted(what: Read) -> Any:
+        table = read(what)
+        try:
+            return convert_read(table, convert)
+        except ConversionError as exc:
+            if describe is None:
+                raise
+            raise ConversionError(f"{exc} (in the rows of {describe(what)})") from None
+    return read_converted
 
 
 def _build_placed(spec: BatchSpec, tables: dict[int, pa.Table], convert: BatchConverter,

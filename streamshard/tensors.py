@@ -118,6 +118,11 @@ class BatchConverter:
         self._keys = list(planner.keys)
         self._ragged = frozenset(planner.ragged)
         self._scales = dict(planner.scales)
+        self._args = (source, decimals, inner_nulls)
+        self._flat = lists == "flat"
+        # Keys with one entry per row map to None, list items to their list's lengths key.
+        self.items_of: dict[str, str | None] | None = None if planner.deep else dict(planner.items_of)
+        self._flat_twin: BatchConverter | None = self if self._flat else None
 
     @property
     def ragged_keys(self) -> frozenset[str]:
@@ -128,6 +133,18 @@ class BatchConverter:
         outer level) adds no entries to them, and joining two batches concatenates them.
         """
         return self._ragged
+
+    @property
+    def flat_lists(self) -> bool:
+        """Whether single-level list columns come as 1-D values of all rows (``lists="flat"``)."""
+        return self._flat
+
+    def flat_twin(self) -> BatchConverter:
+        """This converter with ``lists="flat"``: the form whole row groups are converted to once,
+        before batches gather their rows (``gather.py``)."""
+        if self._flat_twin is None:
+            self._flat_twin = BatchConverter(self.schema, self._args[0], "flat", *self._args[1:])
+        return self._flat_twin
 
     @property
     def keys(self) -> list[str]:
@@ -203,6 +220,11 @@ class _Planner:
         self.scales: dict[str, int] = {}
         self._column: list[tuple[int, int, str]] = []  # (value, rank, key)
         self._values = 0
+        # Per key, the lengths key of the list whose items it holds (None: one entry per row); and
+        # whether some key sits deeper (inner list levels), which only whole-batch conversion handles.
+        self.items_of: dict[str, str | None] = {}
+        self.deep = False
+        self._items: str | None = None  # the lengths key of the list being planned, at depth 1
 
     def column(self, field: pa.Field) -> _Node:
         """The plan of one column; its keys join :attr:`keys`: per top-level value (a column or
@@ -212,10 +234,11 @@ class _Planner:
         self.keys.extend(key for *_, key in sorted(self._column, key=lambda entry: entry[:2]))  # stable
         return node
 
-    def _add(self, key: str, rank: int, ragged: bool, field: pa.Field) -> str:
+    def _add(self, key: str, rank: int, ragged: bool, field: pa.Field, items_of: str | None = None) -> str:
         if key in self._seen:
             raise self._refusal(field, f"its entry {key!r} is also the name of another entry")
         self._seen.add(key)
+        self.items_of[key] = items_of
         self._column.append((self._values, rank, key))
         if ragged:
             self.ragged.add(key)
@@ -238,17 +261,22 @@ class _Planner:
             level = "" if depth == 0 else f".{depth}"  # inner levels hold one entry per item, end to end
             lengths = None if fixed else self._add(f"{name}_lengths{level}", _LENGTHS, depth > 0, top)
             mask = self._add(f"{name}_mask{level}", _MASK, depth > 0, top) if nullable else None
+            self.deep = self.deep or depth > 0
+            outer, self._items = self._items, lengths
             child = self._plan(item.type, name, item.nullable, depth + 1, top, t.list_size if fixed else None)
+            self._items = outer
             return _List(child, lengths, mask)
         if is_number(_decoded(t)):
             ragged = depth >= 2 or (depth == 1 and self.flat and width is None)
-            self._add(name, _VALUES, ragged, top)
+            items_of = self._items if depth == 1 and width is None else None  # fixed width: [rows, width]
+            self.deep = self.deep or depth > 1
+            self._add(name, _VALUES, ragged, top, items_of)
             mask = None
             # Writers mark list elements nullable by default (pyarrow does): a mask the size of every
             # token only when asked for; otherwise a null element is an error (see _numbers_leaf).
             if nullable and (depth == 0 or self.inner_masks):
                 mask = self._add(f"{name}_mask" if depth == 0 else f"{name}_values_mask",
-                                 _MASK if depth == 0 else _VALUES_MASK, ragged, top)
+                                 _MASK if depth == 0 else _VALUES_MASK, ragged, top, items_of)
             if pa.types.is_decimal(_decoded(t)) and self.decimals == "scaled_int64":
                 self.scales[name] = _decoded(t).scale
             return _Leaf(name, mask, padded=depth == 1 and not ragged, width=width)
