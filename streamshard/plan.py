@@ -19,6 +19,8 @@ different topology is the same planning problem.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -27,6 +29,8 @@ import numpy as np
 from .permutation import Permutation, mix_seed
 from .unit_order import spread_order, window_starts
 from .validate import check_int
+
+_ROW_ORDER_CACHE = 1 << 21  # rows of row-group orders an epoch plan keeps (int64: 16 MiB)
 
 UNITS = ("row_group", "file")
 UNEVEN_POLICIES = ("pad", "drop")
@@ -138,6 +142,8 @@ class EpochPlan:
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         self.layout, self.config, self.epoch, self.num_workers = layout, config, epoch, num_workers
+        self._row_orders: OrderedDict[int, np.ndarray] = OrderedDict()  # recent row groups' row orders
+        self._row_orders_lock = threading.Lock()
         self.stream = stream if stream is not None else initial_stream(layout, config, epoch)
         self.ends = np.cumsum(self.stream.rows, dtype=np.int64)
         self.total_rows = int(self.ends[-1]) if len(self.ends) else 0
@@ -305,9 +311,30 @@ class EpochPlan:
         out = np.empty_like(positions)
         for group in np.unique(rg).tolist():
             mask = rg == group
-            n = int(self.layout.rg_rows[group])
-            out[mask] = Permutation(n, mix_seed(self.config.seed, self.epoch, _ROW_ORDER, group))[positions[mask]]
+            out[mask] = self._row_order(group, positions[mask])
         return out
+
+    def _row_order(self, group: int, positions: np.ndarray) -> np.ndarray:
+        """Rows of emitted ``positions`` of row group ``group``. A batch of a shuffle window takes a few
+        rows from each of its row groups, so a group's whole order is computed once and kept (the
+        most recent ones, up to ``_ROW_ORDER_CACHE`` rows in all) instead of walking the
+        permutation a few positions at a time, batch after batch."""
+        n = int(self.layout.rg_rows[group])
+        with self._row_orders_lock:
+            order = self._row_orders.get(group)
+            if order is not None:
+                self._row_orders.move_to_end(group)
+        if order is None:
+            permutation = Permutation(n, mix_seed(self.config.seed, self.epoch, _ROW_ORDER, group))
+            if n > _ROW_ORDER_CACHE // 8:  # a huge group: only the positions asked for
+                return permutation[positions]
+            order = permutation[np.arange(n, dtype=np.int64)]
+            with self._row_orders_lock:
+                self._row_orders[group] = order
+                held = sum(len(o) for o in self._row_orders.values())
+                while held > _ROW_ORDER_CACHE and len(self._row_orders) > 1:
+                    held -= len(self._row_orders.popitem(last=False)[1])
+        return order[positions]
 
 
 def keep_rows(pieces: Pieces, keep: int) -> Pieces:

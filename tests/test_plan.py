@@ -224,3 +224,28 @@ def test_upcoming_reads_name_exactly_the_reads_the_remaining_batches_use(files, 
         assert read == used[key]
         assert (read.rows is None) == (used[key].rows is None)
         assert read.rows is None or np.array_equal(read.rows, used[key].rows)
+
+
+@given(layout=layouts, seed=st.integers(0, 2**64 - 1), epoch=st.integers(0, 3), cache=st.sampled_from([64, 4096, 1 << 21]),
+       data=st.data())
+@PROPERTY
+def test_kept_row_orders_give_the_rows_of_the_row_groups_own_permutation(layout, seed, epoch, cache, data):
+    """Row orders kept between batches (evicted as they age, bypassed for huge groups) never change
+    which row an emitted position reads."""
+    import streamshard.plan as plan_module
+    from streamshard.permutation import Permutation, mix_seed
+
+    lay = make_layout(layout)
+    assume(lay.rg_rows.sum() > 0)
+    plan = EpochPlan(lay, PlanConfig(shuffle=True, seed=seed), epoch, 1)
+    groups = np.flatnonzero(lay.rg_rows)
+    kept, plan_module._ROW_ORDER_CACHE = plan_module._ROW_ORDER_CACHE, cache
+    try:
+        for _ in range(data.draw(st.integers(1, 6))):  # batch after batch, a few rows of a few groups each
+            rg = np.array(data.draw(st.lists(st.sampled_from(groups.tolist()), min_size=1, max_size=30)), dtype=np.int64)
+            positions = np.array([data.draw(st.integers(0, int(lay.rg_rows[g]) - 1)) for g in rg], dtype=np.int64)
+            want = [Permutation(int(lay.rg_rows[g]), mix_seed(seed, epoch, plan_module._ROW_ORDER, int(g)))[int(p)]
+                    for g, p in zip(rg, positions)]
+            assert plan.rows_at(rg, positions).tolist() == want
+    finally:
+        plan_module._ROW_ORDER_CACHE = kept
