@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from streamshard.batch_plan import BatchSpec, Read
 from streamshard.delivery import build
+import streamshard.gather as gather_module
 from streamshard.gather import Gatherer, convert_read, gatherable
 from streamshard.tensors import BatchConverter
 
@@ -59,6 +60,10 @@ TABLES = {
     "maps": pa.table({"m": pa.array([[(f"k{i}", i)] * (i % 3) if i % 5 else None for i in range(ROWS)],
                                     pa.map_(pa.string(), pa.int64()))}),
     "large lists": pa.table({"w": pa.array(_lists(_rng), pa.large_list(pa.int64()))}),
+    "list of structs with null fields": pa.table({
+        "q": pa.array([[{"a": j, "b": None if j % 2 else 1.5} for j in range(i % 4)] for i in range(ROWS)],
+                      pa.list_(pa.struct([("a", pa.int32()), ("b", pa.float64())]))),
+    }),
 }
 
 
@@ -93,27 +98,50 @@ def batches(draw):
             tables[key] = table.slice(a, b - a)
         owned[key] = rows
     pairs = [(k, int(r)) for k, rows in owned.items() for r in rows]
-    chosen = draw(st.lists(st.sampled_from(pairs), unique=True, max_size=len(pairs)))
-    if draw(st.booleans()):
-        chosen.sort()  # no shuffle: each read's rows in order, reads one after the other
-    padding = draw(st.integers(0, 3))
-    read = np.array([k for k, _ in chosen], dtype=np.int64)
-    row = np.array([r for _, r in chosen], dtype=np.int64)
-    used = list(dict.fromkeys(read.tolist())) or [0]
-    spec = BatchSpec(0, {k: reads[k] for k in used}, read, row, np.arange(len(chosen), dtype=np.int64) * 7, padding)
-    return name, spec, {k: tables[k] for k in used}
+    specs = []
+    for index in range(draw(st.integers(1, 4))):  # batch after batch of one pass, sharing the reads
+        chosen = draw(st.lists(st.sampled_from(pairs), unique=True, max_size=len(pairs)))
+        if draw(st.booleans()):
+            chosen.sort()  # no shuffle: each read's rows in order, reads one after the other
+        padding = draw(st.integers(0, 3))
+        read = np.array([k for k, _ in chosen], dtype=np.int64)
+        row = np.array([r for _, r in chosen], dtype=np.int64)
+        used = list(dict.fromkeys(read.tolist())) or [0]
+        specs.append(BatchSpec(index, {k: reads[k] for k in used}, read, row,
+                               np.arange(len(chosen), dtype=np.int64) * 7, padding))
+    return name, specs, tables
 
 
+@pytest.mark.parametrize("slice_rows_from", [0, 10**9])  # list items: a slice per row / one element gather
 @pytest.mark.parametrize("lists", ["padded", "flat"])
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=batches())
-def test_a_gathered_batch_equals_converting_its_rows(lists, case):
-    name, spec, tables = case
+def test_gathered_batches_equal_converting_their_rows(lists, slice_rows_from, case):
+    name, specs, tables = case
     converter = BatchConverter(TABLES[name].schema, lists=lists, inner_nulls="mask")
     assert gatherable(converter)
-    want = build(spec, tables, converter)
-    got = Gatherer(converter).build(spec, {k: convert_read(t, converter) for k, t in tables.items()})
-    _check_same(got, want)
+    gatherer = Gatherer(converter)
+    parts = {k: convert_read(t, converter) for k, t in tables.items()}
+    kept, gather_module._SLICE_ROWS_FROM = gather_module._SLICE_ROWS_FROM, slice_rows_from
+    try:
+        for spec in specs:  # batch after batch of one pass, one window after another
+            want = build(spec, {k: tables[k] for k in spec.reads}, converter)
+            _check_same(gatherer.build(spec, {k: parts[k] for k in spec.reads}), want)
+    finally:
+        gather_module._SLICE_ROWS_FROM = kept
+
+
+def test_a_window_moves_on_when_a_batch_reaches_into_the_next_one():
+    table = TABLES["tokens"]
+    converter = BatchConverter(table.schema)
+    tables = {k: table.slice(3 * k, 3) for k in range(4)}
+    parts = {k: convert_read(t, converter) for k, t in tables.items()}
+    gatherer = Gatherer(converter)
+    for index, keys in enumerate([(0, 1), (0, 1), (1, 2), (2, 3), (3, 2)]):  # interleaved rows
+        read = np.array([keys[0], keys[1], keys[0], keys[1]], dtype=np.int64)
+        row = np.array([0, 2, 1, 0], dtype=np.int64)
+        spec = BatchSpec(index, {k: Read(0, k) for k in keys}, read, row, np.arange(4), 1)
+        _check_same(gatherer.build(spec, {k: parts[k] for k in keys}), build(spec, {k: tables[k] for k in keys}, converter))
 
 
 def test_a_batch_never_shares_memory_with_the_rows_held_for_later_batches():
