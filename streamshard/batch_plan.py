@@ -148,6 +148,7 @@ class StreamSchedule(Schedule):
         last_row = self.window_start[window_of_piece + 1] - 1
         self.piece_last_batch = np.searchsorted(self.bounds, last_row, side="right") - 1
         self._labels: tuple[int, np.ndarray, np.ndarray] | None = None  # (window, labels, occurrence)
+        self._rows: np.ndarray | None = None  # the current window's row numbers, per delivered row
         self._parts = _PartRows(plan)
 
     def batch(self, index: int) -> BatchSpec:
@@ -157,9 +158,8 @@ class StreamSchedule(Schedule):
         if index >= self.real_batches:
             return padding_spec(index, bs if bs is not None else self._padding_rows())
         begin, end = int(self.bounds[index]), int(self.bounds[index + 1])
-        piece, position = self._locate(begin, end)
+        piece, row = self._locate(begin, end)
         rg = self.pieces.rg[piece]
-        row = self.plan.rows_at(rg, position)
         keys = _first_use(piece)
         # Pieces end in window order, so their last batches never decrease.
         done = tuple(range(*np.searchsorted(self.piece_last_batch, [index, index + 1]).tolist()))
@@ -199,7 +199,7 @@ class StreamSchedule(Schedule):
         return max(1, -(-self.plan.total_rows // self.plan.num_workers))
 
     def _locate(self, begin: int, end: int) -> tuple[np.ndarray, np.ndarray]:
-        """(piece, emitted position inside its row group) of delivered rows ``[begin, end)``."""
+        """(piece, row number inside its row group) of delivered rows ``[begin, end)``."""
         first = int(np.searchsorted(self.window_start, begin, side="right")) - 1
         last = int(np.searchsorted(self.window_start, end, side="left"))
         pieces, positions = [], []
@@ -209,12 +209,12 @@ class StreamSchedule(Schedule):
             p0, p1 = int(self.window_first[w]), int(self.window_first[w + 1])
             if p1 - p0 == 1:
                 pieces.append(np.full(hi - lo, p0, dtype=np.int64))
-                positions.append(self.pieces.lo[p0] + np.arange(lo, hi, dtype=np.int64))
+                rg = np.full(hi - lo, self.pieces.rg[p0], dtype=np.int64)
+                positions.append(self.plan.rows_at(rg, self.pieces.lo[p0] + np.arange(lo, hi, dtype=np.int64)))
                 continue
-            labels, occurrence = self._window(w, p0, p1)
-            piece = p0 + labels[lo:hi]
-            pieces.append(piece)
-            positions.append(self.pieces.lo[piece] + occurrence[lo:hi])
+            labels, _ = self._window(w, p0, p1)
+            pieces.append(p0 + labels[lo:hi])
+            positions.append(self._window_rows(w, p0)[lo:hi])
         return np.concatenate(pieces), np.concatenate(positions)
 
     def _window(self, w: int, p0: int, p1: int) -> tuple[np.ndarray, np.ndarray]:
@@ -222,7 +222,17 @@ class StreamSchedule(Schedule):
         if self._labels is None or self._labels[0] != w:
             labels = self.plan.window_labels(self.pieces.take(slice(p0, p1)))
             self._labels = (w, labels, occurrence_rank(labels))
+            self._rows = None
         return self._labels[1], self._labels[2]
+
+    def _window_rows(self, w: int, p0: int) -> np.ndarray:
+        """Per delivered row of window ``w`` (the current one), its row number inside its row group:
+        worked out once per window rather than a few rows of every row group per batch."""
+        if self._rows is None:
+            assert self._labels is not None and self._labels[0] == w
+            piece = p0 + self._labels[1]
+            self._rows = self.plan.rows_at(self.pieces.rg[piece], self.pieces.lo[piece] + self._labels[2])
+        return self._rows
 
 
 def occurrence_rank(labels: np.ndarray) -> np.ndarray:

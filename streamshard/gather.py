@@ -167,14 +167,24 @@ class Gatherer:
                 for k in keys:
                     outs[k].reshape(-1)[target] = np.take(piece.source.columns[k], source)
                 continue
+            spans = list(zip(begin.tolist(), counts.tolist(), first.tolist()))
             for k in keys:
-                column, out = piece.source.columns[k], outs[k].reshape(-1)
-                for b, c, f in zip(begin.tolist(), counts.tolist(), first.tolist()):
+                column, out = _flat_view(piece.source.columns[k]), _flat_view(outs[k].reshape(-1))
+                for b, c, f in spans:
                     out[f:f + c] = column[b:b + c]
         batch.update(outs)
 
 
 _SLICE_ROWS_FROM = 32  # items per row, on average, from which rows are copied a slice each
+
+
+def _flat_view(array: np.ndarray) -> Any:
+    """A 1-D array as a memoryview when it can be one: slicing and assigning memoryviews costs half
+    what numpy's slices cost, per row copied."""
+    try:
+        return memoryview(array) if array.flags.c_contiguous else array
+    except (TypeError, ValueError, BufferError):  # a dtype without a buffer format
+        return array
 
 
 class _Piece:
