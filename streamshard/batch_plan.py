@@ -158,12 +158,20 @@ class StreamSchedule(Schedule):
         if index >= self.real_batches:
             return padding_spec(index, bs if bs is not None else self._padding_rows())
         begin, end = int(self.bounds[index]), int(self.bounds[index + 1])
-        piece, row = self._locate(begin, end)
-        rg = self.pieces.rg[piece]
-        keys = _first_use(piece)
+        p = self.pieces
+        w = int(np.searchsorted(self.window_start, begin, side="right")) - 1
+        if int(self.window_first[w + 1]) - int(self.window_first[w]) == 1 and end <= int(self.window_start[w + 1]):
+            # Rows of one piece, in order (no shuffle window): the common case, kept cheap.
+            k = int(self.window_first[w])
+            lo = int(p.lo[k]) + begin - int(self.window_start[w])
+            piece, rg = np.full(end - begin, k, dtype=np.int64), np.full(end - begin, p.rg[k], dtype=np.int64)
+            row, keys = self.plan.rows_at(rg, np.arange(lo, lo + end - begin, dtype=np.int64)), [k]
+        else:
+            piece, row = self._locate(begin, end)
+            rg = p.rg[piece]
+            keys = _first_use(piece)
         # Pieces end in window order, so their last batches never decrease.
         done = tuple(range(*np.searchsorted(self.piece_last_batch, [index, index + 1]).tolist()))
-        p = self.pieces
         reads = {k: self._parts.read(int(p.rg[k]), int(p.lo[k]), int(p.hi[k])) for k in keys}
         sample_id = self.plan.layout.rg_first_id[rg] + row
         padding = 0 if bs is None else bs - (end - begin)
