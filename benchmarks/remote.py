@@ -155,7 +155,8 @@ def stream_epoch(paths: str, options: dict, catalog_rgs: int, server_pid: int | 
            "cpu_seconds": account.cpu, "client_cpu_ms_per_row_group": 1000 * account.cpu["client"] / catalog_rgs,
            "rss_growth_mib": max(rss_peak - rss_before, 0.0),
            "reader": {k: sum(getattr(r, k) for r in reads.values())
-                      for k in ("requests", "bytes_fetched", "footers_fetched", "row_groups_read", "misses")},
+                      for k in ("requests", "bytes_fetched", "footers_fetched", "footers_shared", "row_groups_read",
+                                "misses")},
            "projected_bytes": ds.catalog.projected_bytes()}
     if proxy is not None:
         out.update(proxy_counts(proxy, catalog_rgs, out["projected_bytes"]))
@@ -168,6 +169,25 @@ def proxy_counts(proxy, row_groups: int, projected: int) -> dict:
     fetched = proxy.bytes("GET", ".parquet")
     return {"gets": gets, "heads": heads, "bytes_fetched": fetched, "requests_per_row_group": (gets + heads) / row_groups,
             "kib_per_row_group": fetched / 1024 / row_groups, "fetched_over_projected": fetched / projected}
+
+
+def _no_shared_footers(run):
+    """``run()`` with this process keeping no footers (each reader fetches its files' footers, as before they were shared)."""
+    from streamshard.footer import SHARED_FOOTERS
+
+    budget, SHARED_FOOTERS.budget = SHARED_FOOTERS.budget, 0
+    SHARED_FOOTERS.clear()
+    try:
+        return run()
+    finally:
+        SHARED_FOOTERS.budget = budget
+
+
+WITHOUT = {"shared-footers": _no_shared_footers}
+
+
+def without_feature(feature: str, run):
+    return WITHOUT[feature](run)
 
 
 # -- raw pyarrow in 2 processes -------------------------------------------------------------------
@@ -260,8 +280,13 @@ def main() -> None:
     parser.add_argument("--proxy-in-process", action="store_true",
                         help="run the latency proxy in this process (its CPU then counts as the client's)")
     parser.add_argument("--repeats", type=int, default=None, help="epochs of each configuration (the best is kept)")
+    parser.add_argument("--ab", default="", help=f"comma-separated reader features to also measure switched off, "
+                                                 f"interleaved with the runs that have them: {sorted(WITHOUT)}")
     args = parser.parse_args()
     backends = [b for b in args.backends.split(",") if b]
+    without = [f for f in args.ab.split(",") if f]
+    if set(without) - set(WITHOUT):
+        parser.error(f"--ab: choose from {sorted(WITHOUT)}")
     if set(backends) - set(BACKENDS):
         parser.error(f"--backends: choose from {BACKENDS}")
     layout, small_files, repeats = ((QUICK["layout"], QUICK["small_files"], QUICK["repeats"]) if args.quick
@@ -287,14 +312,15 @@ def main() -> None:
             base["client_kwargs"] = {**base["client_kwargs"], "endpoint_url": proxy.endpoint_url}
             options = {b: (base if b == "fsspec" else {**base, "backend": b}) for b in backends}
             if not args.catalog_only:
-                out["epochs"] = epochs(local, url, s3, proxy, options, repeats)
+                out["epochs"] = epochs(local, url, s3, proxy, options, repeats, without)
             if not args.no_catalog:
                 out["catalog"] = {b: catalogs(options[b], proxy, s3.pid, os.path.join(tmp, b), repeats) for b in backends}
     finish(out, args)
 
 
-def epochs(local: str, url: str, s3, proxy, options: dict[str, dict], repeats: int) -> dict:
-    """Every configuration once per round (interleaved: the machine is shared), best of ``repeats``."""
+def epochs(local: str, url: str, s3, proxy, options: dict[str, dict], repeats: int, without: list[str] = ()) -> dict:
+    """Every configuration once per round (interleaved: the machine is shared), best of ``repeats``; the S3
+    runs also without each feature named in ``without`` (``WITHOUT``), for an A/B in the same rounds."""
     catalog = Catalog.build(local, COLUMNS)
     rgs, projected = catalog.num_row_groups, catalog.projected_bytes()
     local_files = list(catalog.urls)
@@ -305,6 +331,8 @@ def epochs(local: str, url: str, s3, proxy, options: dict[str, dict], repeats: i
     try:
         configs = [("local", lambda: stream_epoch(local, {}, rgs))]
         configs += [(f"s3 {b}", lambda b=b: stream_epoch(url, options[b], rgs, s3.pid, proxy)) for b in options]
+        configs += [(f"s3 {b} -{feature}", lambda b=b, f=feature: without_feature(f, lambda: stream_epoch(
+            url, options[b], rgs, s3.pid, proxy))) for feature in without for b in options]
         for mode in ("decode", "padded"):
             configs += [(f"raw {mode} local", lambda m=mode: pool.epoch(local_files, None, m, rgs)),
                         (f"raw {mode} s3", lambda m=mode: pool.epoch(s3_files, raw_s3, m, rgs, s3.pid, proxy, projected))]
@@ -366,17 +394,18 @@ def print_table(out: dict) -> None:
         e = out["epochs"]
         print(f"{out['layout']} ({e['row_groups']} row groups); columns {COLUMNS}; StreamLoader(num_workers=2), "
               f"read_ahead={READ_AHEAD}; best of {out['repeats']}")
-        print(f"{'run':24} {'rows/s':>9} {'x local':>8} {'x raw s3 decode/padded':>23} {'req/rg':>7} {'KiB/rg':>7} {'client CPU ms/rg':>17} "
+        print(f"{'run':30} {'rows/s':>9} {'x local':>8} {'x raw s3 decode/padded':>23} {'req/rg':>7} {'KiB/rg':>7} {'client CPU ms/rg':>17} "
               f"{'CPU s: client/server/proxy':>27} {'RSS +MiB':>9} {'load':>5}")
         for name, r in e["runs"].items():
             cpu = r["cpu_seconds"]
-            print(f"{name:24} {r['rows_per_s']:>9.0f} {r['x_local']:>8.2f} {r['x_raw_decode_s3']:>11.2f}/{r['x_raw_padded_s3']:<11.2f} "
+            print(f"{name:30} {r['rows_per_s']:>9.0f} {r['x_local']:>8.2f} {r['x_raw_decode_s3']:>11.2f}/{r['x_raw_padded_s3']:<11.2f} "
                   f"{r.get('requests_per_row_group', 0):>7.2f} {r.get('kib_per_row_group', 0):>7.0f} "
                   f"{r['client_cpu_ms_per_row_group']:>17.2f} "
                   f"{cpu['client']:>9.2f}/{cpu['s3_server']:.2f}/{cpu['proxy']:.2f}        "
                   f"{r.get('rss_growth_mib', 0):>9.0f} {r['load_average']:>5.2f}")
         for name, r in e["runs"].items():
-            extra = (f"; reader: {r['reader']['requests']} requests, {r['reader']['footers_fetched']} footers, "
+            extra = (f"; reader: {r['reader']['requests']} requests, {r['reader']['footers_fetched']} footers "
+                     f"(+{r['reader'].get('footers_shared', 0)} shared), "
                      f"{r['reader']['misses']} misses; I/O threads' CPU: fsspec loop {r['cpu_seconds']['client_fsspec_io_loop']:.2f} s, "
                      f"native {r['cpu_seconds']['client_native_threads']:.2f} s") if "reader" in r else ""
             print(f"  {name}: {r['seconds']:.2f} s; all rows/s {', '.join(f'{x:.0f}' for x in r['all_rows_per_s'])}{extra}")

@@ -36,7 +36,8 @@ from .errors import CatalogError
 from .plan import Layout
 from .schema import parse_cast, unify
 from .state import catalog_digest
-from .footer import FooterError, chunk_ranges, leaf_values, missing_footer_range, parse_footer, tail_range
+from .footer import (SHARED_FOOTERS, FooterError, ParsedFooter, chunk_ranges, leaf_values, missing_footer_range,
+                     parse_footer, tail_range)
 from .retry import MIN_ATTEMPT_SECONDS, RetriesExhausted, RetryPolicy, call_within, call_within_async, describe
 from .storage import FileSystems, check_short_read, file_version, is_async, short_read_error, timeout_kw
 
@@ -522,10 +523,12 @@ async def _read_footer_async(
         more = missing_footer_range(tail, size)
         if more is not None:
             tail = await fetch(*more)
-        metadata, footer_length = parse_footer(tail, size)
+        metadata, footer_length, exact = parse_footer(tail, size)
     except FooterError as exc:
         raise CatalogError(f"{url}: {exc}") from exc
-    return _footer_from_metadata(url, size, metadata, footer_length, columns, entry.version)
+    footer = _footer_from_metadata(url, size, metadata, footer_length, columns, entry.version)
+    SHARED_FOOTERS.put(url, size, entry.version, exact)  # this process's readers need not fetch it again
+    return footer
 
 
 def _footer_failure(url: str, exc: Exception, filesystems: FileSystems) -> CatalogError:
@@ -544,8 +547,10 @@ def read_footer(
     version: str = "",
 ) -> FileFooter:
     """Read one file's footer with one ranged request for its tail (two if the footer is huge)."""
-    metadata, footer_length = _fetch_metadata(url, size, filesystems, retry or RetryPolicy())
-    return _footer_from_metadata(url, size, metadata, footer_length, columns, version)
+    metadata, footer_length, exact = _fetch_metadata(url, size, filesystems, retry or RetryPolicy())
+    footer = _footer_from_metadata(url, size, metadata, footer_length, columns, version)
+    SHARED_FOOTERS.put(url, size, version, exact)  # this process's readers need not fetch it again
+    return footer
 
 
 def _footer_from_metadata(
@@ -573,9 +578,7 @@ def _footer_from_metadata(
     )
 
 
-def _fetch_metadata(
-    url: str, size: int, filesystems: FileSystems, policy: RetryPolicy
-) -> tuple[pq.FileMetaData, int]:
+def _fetch_metadata(url: str, size: int, filesystems: FileSystems, policy: RetryPolicy) -> ParsedFooter:
     fs, path = filesystems.resolve(url)
 
     def fetch(start: int, end: int) -> bytes:

@@ -1,4 +1,5 @@
-"""Parquet footers: reading one with a single ranged request, and the byte ranges it describes.
+"""Parquet footers: reading one with a single ranged request, the byte ranges it describes, and
+the footers this process already read (``SHARED_FOOTERS``).
 
 The byte range of a column chunk is where pyarrow will read it: from its dictionary page (if
 any, else its first data page) for ``total_compressed_size`` bytes. Ranges are kept per row
@@ -8,7 +9,11 @@ a reader can fetch exactly the chunks it decodes, before it even holds the foote
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import os
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -30,10 +35,14 @@ def tail_range(size: int, footer_length: int | None) -> tuple[int, int]:
     return max(0, size - want), size
 
 
-def parse_footer(
-    tail: bytes, size: int, fetch_more: Callable[[int, int], bytes] | None = None
-) -> tuple[pq.FileMetaData, int]:
-    """``(metadata, footer_length)`` from the last bytes of a file of ``size`` bytes.
+class ParsedFooter(NamedTuple):
+    metadata: pq.FileMetaData
+    length: int  # the footer's length as the file states it (without the 8-byte trailer)
+    tail: bytes  # the file's last ``length + 8`` bytes: what ``SHARED_FOOTERS`` keeps
+
+
+def parse_footer(tail: bytes, size: int, fetch_more: Callable[[int, int], bytes] | None = None) -> ParsedFooter:
+    """``(metadata, footer_length, exact tail)`` from the last bytes of a file of ``size`` bytes.
 
     ``fetch_more(start, end)`` is called once when the footer is longer than ``tail``.
     """
@@ -44,8 +53,9 @@ def parse_footer(
                               f"{len(tail) - 8} bytes cataloged")
         tail = fetch_more(*more)
     footer_length = footer_length_of(tail, size)
+    exact = tail if len(tail) == footer_length + 8 else bytes(tail[-(footer_length + 8) :])
     try:
-        return pq.read_metadata(pa.BufferReader(tail[-(footer_length + 8) :])), footer_length
+        return ParsedFooter(pq.read_metadata(pa.BufferReader(exact)), footer_length, exact)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises OSError/ArrowInvalid variants
         raise FooterError(f"corrupt Parquet footer: {exc}") from exc
 
@@ -128,3 +138,96 @@ def _chunk_start(chunk: pq.ColumnChunkMetaData) -> int:
     if chunk.has_dictionary_page and dictionary is not None and 0 < dictionary < start:
         start = dictionary
     return int(start)
+
+
+# -- footers already read in this process ---------------------------------------------------------
+
+SHARED_FOOTER_BYTES = 64 * 1024 * 1024  # serialized footers kept per process (parsed, they take ~8x more)
+
+
+class SharedFooters:
+    """The serialized footers this process read, by ``(url, size, version)``: LRU, bounded by bytes.
+
+    The catalog fills it while it plans and every reader of the process (thread workers, passes,
+    datasets over the same files) takes a file's footer from here instead of fetching it again;
+    readers that want one at the same time fetch it once (``claim``/``settle``).
+    A file is only ever found at the size and version it was stored under, so a rewritten file
+    (another ETag, generation or mtime) misses; a file without a version token is never kept,
+    since nothing could tell its rewrite apart. Bytes, not ``FileMetaData``: exact to bound, and a
+    parse costs 0.01-0.3 ms against a request. A forked child keeps a copy (valid: plain bytes).
+    """
+
+    def __init__(self, budget: int = SHARED_FOOTER_BYTES) -> None:
+        self.budget = budget  # 0 turns the sharing off
+        self._tails: OrderedDict[tuple[str, int, str], bytes] = OrderedDict()
+        self._pending: dict[tuple[str, int, str], Future[bytes | None]] = {}  # footers being fetched
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, url: str, size: int, version: str | None) -> bytes | None:
+        """The file's last ``footer_length + 8`` bytes as stored at this size and version, or None."""
+        if not version or not self.budget:
+            return None
+        with self._lock:
+            tail = self._tails.get((url, int(size), version))
+            if tail is not None:
+                self._tails.move_to_end((url, int(size), version))
+            return tail
+
+    def claim(self, url: str, size: int, version: str | None) -> tuple[bytes | None, Future[bytes | None] | None]:
+        """``(tail, None)`` when kept; ``(None, future)`` while another thread fetches it (the future gives
+        its tail, or None if that fetch failed); ``(None, None)``: the caller fetches it and then calls
+        ``settle`` (always: others may be waiting)."""
+        if not version or not self.budget:
+            return None, None
+        key = (url, int(size), version)
+        with self._lock:
+            tail = self._tails.get(key)
+            if tail is not None:
+                self._tails.move_to_end(key)
+                return tail, None
+            pending = self._pending.get(key)
+            if pending is not None:
+                return None, pending
+            self._pending[key] = Future()
+            return None, None
+
+    def settle(self, url: str, size: int, version: str | None, tail: bytes | None) -> None:
+        """End a ``claim``: keep ``tail`` (None: the fetch failed) and wake the threads waiting for it."""
+        if tail is not None:
+            self.put(url, size, version, tail)
+        with self._lock:
+            pending = self._pending.pop((url, int(size), version or ""), None)
+        if pending is not None:
+            pending.set_result(tail)
+
+    def put(self, url: str, size: int, version: str | None, tail: bytes) -> None:
+        """Keep ``tail`` (a file's exact footer bytes, read at ``version``), evicting the oldest over budget."""
+        if not version or len(tail) > self.budget:
+            return
+        key = (url, int(size), version)
+        with self._lock:
+            old = self._tails.pop(key, None)
+            self._bytes += len(tail) - (0 if old is None else len(old))
+            self._tails[key] = bytes(tail)
+            while self._bytes > self.budget:
+                self._bytes -= len(self._tails.popitem(last=False)[1])
+
+    def clear(self) -> None:
+        with self._lock:
+            self._tails.clear()
+            self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._tails)
+
+    def _after_fork(self) -> None:
+        # A lock held by another thread at the fork stays held in the child: start with a new one.
+        self._lock = threading.Lock()
+        self._pending = {}  # the threads fetching them are not in this process
+        self._bytes = sum(len(t) for t in self._tails.values())
+
+
+SHARED_FOOTERS = SharedFooters()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=SHARED_FOOTERS._after_fork)

@@ -2,8 +2,10 @@
 
 For one row group the reader fetches only the column chunks of the projected columns, as byte
 ranges (adjacent ones coalesced when the gap is small), plus the file's footer the first time
-it meets the file. With the catalog's ranges the footer and the data are fetched together, in
-one concurrent round. pyarrow then decodes from those bytes alone (the footer is passed as
+this process meets the file: footers are shared by every reader of the process (passes, thread
+workers), keyed by the cataloged URL, size and version (``footer.SHARED_FOOTERS``), and the catalog
+leaves there the ones it read. With the catalog's ranges a footer still to fetch comes with the data,
+in one concurrent round. pyarrow then decodes from those bytes alone (the footer is passed as
 ``metadata``, so nothing else is read). No whole-file downloads, no fsspec read-ahead buffers.
 
 Files are read at the version the catalog recorded (given ``versions``): a synchronous backend's
@@ -41,7 +43,7 @@ from fsspec.utils import merge_offset_ranges
 
 from .decoded_size import row_group_decoded_bytes
 from .errors import ReadError
-from .footer import FooterError, chunk_ranges, parse_footer, tail_range
+from .footer import SHARED_FOOTERS, FooterError, chunk_ranges, parse_footer, tail_range
 from .reader_parts import (
     _FooterCache,
     _Handles,
@@ -82,6 +84,7 @@ class ReadStats:
     requests: int = 0
     bytes_fetched: int = 0
     footers_fetched: int = 0
+    footers_shared: int = 0  # footers taken from this process's earlier reads (``footer.SHARED_FOOTERS``)
     row_groups_read: int = 0
     misses: int = 0  # reads pyarrow made outside the planned ranges (fetched on demand)
     read_seconds: float = 0.0  # wall time inside read() (fetch + decode), summed over threads
@@ -285,23 +288,60 @@ class RowGroupReader:
                 metadata = self._footers.wait(file_index) or self._fetch_footer(file_index)
             return metadata, parts
         try:
-            size = self.sizes[file_index]
-            known = self._footer_lengths[file_index] if self._footer_lengths is not None else None
-            if known is not None:  # footer and data in one concurrent round
-                wanted = self._ranges(file_index, row_group, None)
-                fetched = self._fetch(file_index, [tail_range(size, known)] + wanted)
-                metadata = self._parse_footer(file_index, fetched[0][1], known)
-                parts = fetched[1:]
-            else:
-                metadata = self._fetch_footer(file_index)
-                parts = self._fetch(file_index, self._ranges(file_index, row_group, metadata))
-            self._footers.put(file_index, metadata)
-            return metadata, parts
+            metadata, parts = self._footer_and_chunks(file_index, row_group)
         except BaseException as exc:
             self._footers.fail(file_index, exc)
             raise
+        self._footers.put(file_index, metadata)
+        return metadata, parts
+
+    def _footer_and_chunks(self, file_index: int, row_group: int) -> tuple[pq.FileMetaData, list[tuple[int, bytes]]]:
+        """The footer (as this process read it already, or from the reader fetching it now, or fetched here
+        with the data in one round) and the group's chunks."""
+        known = self._footer_lengths[file_index] if self._footer_lengths is not None else None
+        tail, pending = self._claim_footer(file_index)
+        if tail is None and pending is not None and self._rg_ranges is not None:  # data now, the footer after
+            parts = self._fetch(file_index, self._ranges(file_index, row_group, None))
+            tail = pending.result()
+            return (self._shared(file_index, tail) if tail is not None else self._fetch_footer(file_index)), parts
+        if tail is None and pending is not None:
+            tail = pending.result()
+            metadata = self._shared(file_index, tail) if tail is not None else self._fetch_footer(file_index)
+            return metadata, self._fetch(file_index, self._ranges(file_index, row_group, metadata))
+        if tail is not None:
+            metadata = self._shared(file_index, tail)
+            return metadata, self._fetch(file_index, self._ranges(file_index, row_group, metadata))
+        exact = None
+        try:
+            if known is not None:  # footer and data in one concurrent round
+                wanted = self._ranges(file_index, row_group, None)
+                fetched = self._fetch(file_index, [tail_range(self.sizes[file_index], known)] + wanted)
+                metadata, exact = self._parse_footer(file_index, fetched[0][1], known)
+                parts = fetched[1:]
+            else:
+                metadata, exact = self._fetch_own_footer(file_index)
+                parts = self._fetch(file_index, self._ranges(file_index, row_group, metadata))
+        finally:
+            self._settle_footer(file_index, exact)
+        return metadata, parts
 
     def _fetch_footer(self, file_index: int) -> pq.FileMetaData:
+        """The file's footer alone: kept by this process, fetched by another reader now, or fetched here."""
+        tail, pending = self._claim_footer(file_index)
+        if pending is not None:
+            tail = pending.result()
+            if tail is None:  # that fetch failed: try once more here (its error, if permanent, again)
+                return self._fetch_own_footer(file_index)[0]
+        if tail is not None:
+            return self._shared(file_index, tail)
+        exact = None
+        try:
+            metadata, exact = self._fetch_own_footer(file_index)
+        finally:
+            self._settle_footer(file_index, exact)
+        return metadata
+
+    def _fetch_own_footer(self, file_index: int) -> tuple[pq.FileMetaData, bytes]:
         known = self._footer_lengths[file_index] if self._footer_lengths is not None else None
         size = self.sizes[file_index]
         start, end = tail_range(size, known) if known is not None else (max(0, size - FOOTER_PROBE_BYTES), size)
@@ -332,17 +372,38 @@ class RowGroupReader:
         _, starts, ends = merge_offset_ranges([""] * n, [s for s, _ in spans], [e for _, e in spans], max_gap=self.max_gap)
         return list(zip(starts, ends))
 
-    def _parse_footer(self, file_index: int, tail: bytes, known: int | None) -> pq.FileMetaData:
+    def _parse_footer(self, file_index: int, tail: bytes, known: int | None,
+                      shared: bool = False) -> tuple[pq.FileMetaData, bytes]:
+        """The footer in ``tail`` (a cataloged ``known`` length must match) and its exact bytes."""
         url, size = self.urls[file_index], self.sizes[file_index]
         try:
-            metadata, length = parse_footer(tail, size, None if known is not None else self._fetcher(file_index))
+            metadata, length, exact = parse_footer(tail, size, None if known is not None else self._fetcher(file_index))
         except FooterError as exc:
             raise ReadError(f"{url}: {exc}; did the file change since it was cataloged?") from None
         if known is not None and length != known:
             raise ReadError(f"{url}: footer is {length} bytes but was cataloged as {known}; did the file change?")
         with self._lock:
-            self.stats.footers_fetched += 1
-        return metadata
+            if shared:
+                self.stats.footers_shared += 1
+            else:
+                self.stats.footers_fetched += 1
+        return metadata, exact
+
+    # Footers are shared by the readers of this process (``SHARED_FOOTERS``), keyed by the cataloged URL,
+    # size and version; a reader that was given no versions neither takes nor leaves any. Only bytes
+    # ``_fetch`` returned are left there, and it returns none before the file's version was confirmed.
+    def _shared_key(self, file_index: int) -> tuple[str, int, str | None]:
+        return self.urls[file_index], self.sizes[file_index], None if self._versions is None else self._versions[file_index]
+
+    def _claim_footer(self, file_index: int) -> tuple[bytes | None, Any]:
+        return SHARED_FOOTERS.claim(*self._shared_key(file_index))
+
+    def _settle_footer(self, file_index: int, exact: bytes | None) -> None:
+        SHARED_FOOTERS.settle(*self._shared_key(file_index), exact)
+
+    def _shared(self, file_index: int, tail: bytes) -> pq.FileMetaData:
+        known = self._footer_lengths[file_index] if self._footer_lengths is not None else len(tail) - 8
+        return self._parse_footer(file_index, tail, known, shared=True)[0]
 
     def _fetcher(self, file_index: int) -> Callable[[int, int], bytes]:
         return lambda start, end: self._fetch(file_index, [(start, end)])[0][1]

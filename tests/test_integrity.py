@@ -93,7 +93,9 @@ def test_an_s3_object_rewritten_at_the_same_size_is_refused_after_one_head_per_f
         assert [checked.read(f, g) for f, g in everything] == expected
         # The cost of the check, measured: one HEAD per file per reader, not one GET more.
         assert proxy.count("HEAD") == catalog.num_files == 3
-        assert proxy.count("GET") == gets_without_check == 9  # per file: footer + row group 0, row group 1
+        # Per file: row group 0, row group 1; the footer too without versions (none to key a shared one by),
+        # with them it is the catalog's read of it, kept by this process at the version it cataloged.
+        assert (gets_without_check, proxy.count("GET")) == (9, 6)
 
         write_fixed(tmp_path / "part-1.parquet", 10_000)
         s3.filesystem().put_file(str(tmp_path / "part-1.parquet"), "versions-bucket/c/part-1.parquet")

@@ -12,6 +12,7 @@ import pytest
 
 import streamshard as ss
 from streamshard.catalog import Catalog
+from streamshard.footer import SHARED_FOOTERS
 from streamshard.reader import RowGroupReader
 from streamshard.testing import faulty_proxy, write_corpus
 from helpers import assert_equal_steps, assert_exactly_once, assert_rows_match_ids, run_epoch
@@ -62,6 +63,7 @@ def test_a_projected_read_fetches_exactly_its_column_chunks_and_each_footer_once
     with faulty_proxy(store.endpoint_url) as proxy:  # counts the bytes that really cross HTTP
         options = dataclasses.replace(store, endpoint_url=proxy.endpoint_url).storage_options
         catalog = Catalog.build(url, ["score"], options)
+        SHARED_FOOTERS.clear()  # as in a process that did not build the catalog: the reader fetches the footers
         proxy.reset_counts()
         reader = RowGroupReader.from_catalog(catalog, options)
         tables = [reader.read(f, g) for f, groups in enumerate(RANGES_LAYOUT) for g in range(len(groups))]
@@ -75,6 +77,10 @@ def test_a_projected_read_fetches_exactly_its_column_chunks_and_each_footer_once
         # On the wire: those ranges, plus at most some object metadata per file (the version check).
         on_the_wire = proxy.bytes("GET")
         assert reader.stats.bytes_fetched <= on_the_wire <= reader.stats.bytes_fetched + METADATA_BYTES * catalog.num_files
+        # The next reader of this process (another pass, another thread worker) fetches the chunks alone.
+        again = RowGroupReader.from_catalog(catalog, options)
+        assert [again.read(f, g) for f, groups in enumerate(RANGES_LAYOUT) for g in range(len(groups))] == tables
+        assert (again.stats.bytes_fetched, again.stats.footers_fetched) == (chunks, 0)
     expected = pa.concat_tables(pq.read_table(u, columns=["score"], filesystem=store.filesystem())
                                 for u in catalog.urls)
     assert pa.concat_tables(tables).equals(expected)

@@ -18,6 +18,7 @@ pytest.importorskip("obstore")
 
 import streamshard as ss  # noqa: E402
 from streamshard.catalog import Catalog  # noqa: E402
+from streamshard.footer import SHARED_FOOTERS  # noqa: E402
 from streamshard.obstore_fs import ObstoreFileSystem, _error, store_config  # noqa: E402
 from streamshard.reader import RowGroupReader  # noqa: E402
 from streamshard.retry import RetryPolicy, TransientError, is_transient  # noqa: E402
@@ -112,6 +113,7 @@ def test_a_projected_read_fetches_exactly_its_column_chunks_and_each_footer_once
     with faulty_proxy(seaweedfs.endpoint_url) as proxy:
         options = obstore_options(dataclasses.replace(seaweedfs, endpoint_url=proxy.endpoint_url))
         catalog = Catalog.build(url, ["score"], options)
+        SHARED_FOOTERS.clear()  # as in a process that did not build the catalog: the reader fetches the footers
         proxy.reset_counts()
         reader = RowGroupReader.from_catalog(catalog, options)
         tables = [reader.read(f, g) for f, groups in enumerate(RANGES_LAYOUT) for g in range(len(groups))]
@@ -121,6 +123,10 @@ def test_a_projected_read_fetches_exactly_its_column_chunks_and_each_footer_once
         assert reader.stats.requests == catalog.num_row_groups + catalog.num_files
         assert proxy.bytes("GET") == chunks + footer_tails  # exactly those ranges crossed HTTP (HEADs have no body)
         assert proxy.count("HEAD") == catalog.num_files  # one version check per file
+        proxy.reset_counts()  # the next reader of this process fetches the chunks alone
+        again = RowGroupReader.from_catalog(catalog, options)
+        assert [again.read(f, g) for f, groups in enumerate(RANGES_LAYOUT) for g in range(len(groups))] == tables
+        assert proxy.bytes("GET") == chunks and again.stats.footers_shared == catalog.num_files
     expected = pa.concat_tables(pq.read_table(p, columns=["score"]) for p in paths)
     assert pa.concat_tables(tables).equals(expected)
 
