@@ -204,7 +204,7 @@ class StreamLoader:
             timeout, worker_init_fn: as for ``torch.utils.data.DataLoader``; ``pin_memory=None``
             pins when a CUDA device is available; ``prefetch_factor=None`` keeps 4 batches in
             flight per worker process (small batches cross processes faster with more in flight)
-            and 2 hand-offs per thread worker.
+            and up to 16 ready batches per thread worker (8 per unit; fewer once they pass 4 MiB each).
         sampler: an ``ElasticSampler`` over ``dataset`` (map-style datasets only). Change the
             topology by loading a state into a loader whose sampler has the new topology, not
             with ``sampler.resize``: the loader keeps the count.
@@ -216,9 +216,10 @@ class StreamLoader:
             the batches handed out, not the ones copied ahead.
         workers: "threads", "processes" or "auto" (the default): threads for a stream without a
             ``transform``, ``worker_init_fn`` or ``multiprocessing_context``, processes otherwise
-            (and for map-style datasets). Thread workers run each worker's pass in this process
-            (pyarrow decodes without the GIL) and hand batches over without a copy
-            (``thread_workers.py``); choose processes for Python-heavy transforms, or where many
+            (and for map-style datasets). Thread workers run every worker's pass in turn in one
+            background thread of this process, each with its own read-ahead threads (pyarrow
+            decodes without the GIL), and hand batches over without a copy as soon as each is
+            ready (``thread_workers.py``); choose processes for Python-heavy transforms, or where many
             workers' Python bookkeeping would contend for the GIL. Both deliver the same batches in
             the same order, so a checkpoint resumes under either.
 
@@ -323,7 +324,7 @@ class StreamLoader:
         self._source.begin_pass()
         if self.workers == "threads":
             assert isinstance(self._source, _Stream) and self.num_workers > 0
-            depth = self._loader_args["prefetch_factor"] or 2  # None: 2 hand-offs per thread worker
+            depth = self._loader_args["prefetch_factor"] or 2  # None: 2 units of ready batches per worker
             batches = round_robin(self._source.stream.worker_passes(self.num_workers), depth,
                                   self._loader_args["timeout"])
             if self.pin_memory and torch.cuda.is_available():

@@ -132,3 +132,43 @@ def test_leaving_the_loop_mid_epoch_and_exiting_stops_the_worker_threads_first(c
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "alive at exit: []" in done.stdout, done.stdout
+
+
+def test_a_worker_that_hands_over_nothing_within_timeout_is_an_error_naming_the_timeout():
+    import time as _time
+
+    from streamshard.thread_workers import round_robin
+
+    def stuck():
+        yield {"x": torch.zeros(1)}
+        _time.sleep(5)
+        yield {"x": torch.zeros(1)}
+
+    got = []
+    with pytest.raises(RuntimeError, match="timed out after 0.5 seconds"):
+        for batch in round_robin([stuck(), stuck()], depth=2, timeout=0.5):
+            got.append(batch)
+    assert len(got) == 2  # the batches before the stall arrived
+
+
+def test_a_ready_batch_reaches_the_loop_while_its_worker_waits_for_the_next_read():
+    """A batch is never held back in the worker while it blocks on a slow read (a store that stalls
+    must not stall batches already made)."""
+    import threading as _threading
+
+    from streamshard.thread_workers import round_robin
+
+    released = _threading.Event()
+
+    def slow_store():
+        yield {"i": 0}
+        yield {"i": 1}
+        released.wait(10)  # the next read hangs until the loop has both batches
+        yield {"i": 2}
+
+    got = []
+    for batch in round_robin([slow_store()], depth=2, timeout=3):
+        got.append(batch["i"])
+        if batch["i"] == 1:
+            released.set()
+    assert got == [0, 1, 2]
