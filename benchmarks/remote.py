@@ -24,6 +24,7 @@ table, writes ``benchmarks/out/remote.json``.
     .venv/bin/python benchmarks/remote.py --quick      # a smaller corpus, one repeat (a smoke run)
     .venv/bin/python benchmarks/remote.py --backends obstore --no-catalog
     .venv/bin/python benchmarks/remote.py --catalog-only --backends obstore   # the cold/warm catalog only
+    .venv/bin/python benchmarks/remote.py --no-catalog --ab shared-footers,if-match,shared-footers+if-match
 """
 
 from __future__ import annotations
@@ -183,11 +184,25 @@ def _no_shared_footers(run):
         SHARED_FOOTERS.budget = budget
 
 
-WITHOUT = {"shared-footers": _no_shared_footers}
+def _no_conditional_gets(run):
+    """``run()`` with S3 versions checked by one HEAD per file per reader (as before GETs carried If-Match)."""
+    from streamshard import storage
+
+    storage.CONDITIONAL_GETS = False
+    try:
+        return run()
+    finally:
+        storage.CONDITIONAL_GETS = True
 
 
-def without_feature(feature: str, run):
-    return WITHOUT[feature](run)
+WITHOUT = {"shared-footers": _no_shared_footers, "if-match": _no_conditional_gets}
+
+
+def without_feature(features: str, run):
+    """``run()`` with each of ``features`` (``WITHOUT`` names joined by ``+``) switched off."""
+    for feature in features.split("+"):
+        run = (lambda f, inner: lambda: WITHOUT[f](inner))(feature, run)
+    return run()
 
 
 # -- raw pyarrow in 2 processes -------------------------------------------------------------------
@@ -281,11 +296,12 @@ def main() -> None:
                         help="run the latency proxy in this process (its CPU then counts as the client's)")
     parser.add_argument("--repeats", type=int, default=None, help="epochs of each configuration (the best is kept)")
     parser.add_argument("--ab", default="", help=f"comma-separated reader features to also measure switched off, "
-                                                 f"interleaved with the runs that have them: {sorted(WITHOUT)}")
+                                                 f"interleaved with the runs that have them: {sorted(WITHOUT)}; "
+                                                 f"a+b: both off in one run")
     args = parser.parse_args()
     backends = [b for b in args.backends.split(",") if b]
     without = [f for f in args.ab.split(",") if f]
-    if set(without) - set(WITHOUT):
+    if {name for f in without for name in f.split("+")} - set(WITHOUT):
         parser.error(f"--ab: choose from {sorted(WITHOUT)}")
     if set(backends) - set(BACKENDS):
         parser.error(f"--backends: choose from {BACKENDS}")
@@ -394,11 +410,11 @@ def print_table(out: dict) -> None:
         e = out["epochs"]
         print(f"{out['layout']} ({e['row_groups']} row groups); columns {COLUMNS}; StreamLoader(num_workers=2), "
               f"read_ahead={READ_AHEAD}; best of {out['repeats']}")
-        print(f"{'run':30} {'rows/s':>9} {'x local':>8} {'x raw s3 decode/padded':>23} {'req/rg':>7} {'KiB/rg':>7} {'client CPU ms/rg':>17} "
+        print(f"{'run':34} {'rows/s':>9} {'x local':>8} {'x raw s3 decode/padded':>23} {'req/rg':>7} {'KiB/rg':>7} {'client CPU ms/rg':>17} "
               f"{'CPU s: client/server/proxy':>27} {'RSS +MiB':>9} {'load':>5}")
         for name, r in e["runs"].items():
             cpu = r["cpu_seconds"]
-            print(f"{name:30} {r['rows_per_s']:>9.0f} {r['x_local']:>8.2f} {r['x_raw_decode_s3']:>11.2f}/{r['x_raw_padded_s3']:<11.2f} "
+            print(f"{name:34} {r['rows_per_s']:>9.0f} {r['x_local']:>8.2f} {r['x_raw_decode_s3']:>11.2f}/{r['x_raw_padded_s3']:<11.2f} "
                   f"{r.get('requests_per_row_group', 0):>7.2f} {r.get('kib_per_row_group', 0):>7.0f} "
                   f"{r['client_cpu_ms_per_row_group']:>17.2f} "
                   f"{cpu['client']:>9.2f}/{cpu['s3_server']:.2f}/{cpu['proxy']:.2f}        "

@@ -34,6 +34,7 @@ import fsspec.asyn
 from fsspec.spec import AbstractBufferedFile
 
 from .retry import TransientError
+from .storage import ObjectChanged
 
 PROTOCOLS = ("s3", "s3a")
 _TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
@@ -99,6 +100,7 @@ class ObstoreFileSystem(fsspec.asyn.AsyncFileSystem):
     """fsspec filesystem for ``s3://`` served by obstore; one ``S3Store`` per bucket, made on first use."""
 
     protocol = PROTOCOLS
+    if_match_ranges = True  # ``cat_ranges(..., if_match=etag)``: GETs conditioned on the cataloged version
     cachable = False  # shared by ``storage.FileSystems`` per process and options, not by fsspec
     root_marker = ""
 
@@ -137,11 +139,18 @@ class ObstoreFileSystem(fsspec.asyn.AsyncFileSystem):
         return store, bucket, key
 
     # -- reading ---------------------------------------------------------------------------------
-    async def _cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
+    async def _cat_file(self, path: str, start: int | None = None, end: int | None = None, if_match: str | None = None,
+                        **kwargs: Any) -> bytes:
+        """The bytes ``[start, end)``; with ``if_match`` (an ETag) a GET of another version fails, ``ObjectChanged``."""
         import obstore
 
         store, bucket, key = self._store(path)
         try:
+            if if_match is not None and start is not None and end is not None and 0 <= start < end:
+                result = await obstore.get_async(store, key, options={"range": (start, end), "if_match": if_match})
+                return (await result.bytes_async()).to_bytes()
+            if if_match is not None:
+                raise ValueError("if_match is for a range [start, end) with 0 <= start < end")
             if start is None and end is None:
                 result = await obstore.get_async(store, key)
                 return (await result.bytes_async()).to_bytes()
@@ -157,9 +166,10 @@ class ObstoreFileSystem(fsspec.asyn.AsyncFileSystem):
 
     async def _cat_ranges(
         self, paths: Sequence[str], starts: Sequence[int] | int, ends: Sequence[int] | int, max_gap: Any = None,
-        batch_size: int | None = None, on_error: str = "return", **kwargs: Any,
+        batch_size: int | None = None, on_error: str = "return", if_match: str | None = None, **kwargs: Any,
     ) -> list[Any]:
-        """Each ``[start, end)`` exactly (one GET each, ``batch_size`` in flight); errors returned in place."""
+        """Each ``[start, end)`` exactly (one GET each, ``batch_size`` in flight, each conditioned on the ETag
+        ``if_match`` when given); errors returned in place."""
         if isinstance(starts, int):
             starts = [starts] * len(paths)
         if isinstance(ends, int):
@@ -170,7 +180,7 @@ class ObstoreFileSystem(fsspec.asyn.AsyncFileSystem):
 
         async def one(path: str, start: int, end: int) -> bytes:
             async with slots:
-                return await self._cat_file(path, start, end)
+                return await self._cat_file(path, start, end, if_match=if_match)
 
         results = await asyncio.gather(*(one(p, s, e) for p, s, e in zip(paths, starts, ends)),
                                        return_exceptions=True)
@@ -283,6 +293,8 @@ def _error(url: str, exc: BaseException) -> Exception:
     code = xml.group(1) if xml else None
     summary = (f"{status} {code}: {xml.group(2)}" if xml else (f"HTTP {status}" if status else text.splitlines()[0]))
     message = f"{url}: {summary}"
+    if type(exc).__name__ == "PreconditionError" or status == 412:
+        return ObjectChanged(message)
     if isinstance(exc, FileNotFoundError) or status == 404:
         return FileNotFoundError(message)
     if type(exc).__name__ in ("PermissionDeniedError", "UnauthenticatedError") or status in (401, 403):

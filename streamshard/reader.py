@@ -8,11 +8,13 @@ leaves there the ones it read. With the catalog's ranges a footer still to fetch
 in one concurrent round. pyarrow then decodes from those bytes alone (the footer is passed as
 ``metadata``, so nothing else is read). No whole-file downloads, no fsspec read-ahead buffers.
 
-Files are read at the version the catalog recorded (given ``versions``): a synchronous backend's
-file is checked (size and mtime, one ``info``/stat) each time a handle is opened; on an async
-backend one ``info`` (a HEAD on S3) per file per reader runs alongside the file's first fetch (in
-the same round trip), and none of its bytes are used before it confirmed the version (fsspec's ``cat_ranges`` does not expose the ETag of the ranged GETs). A
-changed file is a ``ReadError`` naming both versions, never other rows under the old sample ids.
+Files are read at the version the catalog recorded (given ``versions``): on S3 (s3fs or obstore)
+every GET carries the cataloged ETag as ``If-Match``, so the store itself refuses a changed object
+(no request of its own, and no gap between a check and a read); a synchronous backend's file is
+checked (size and mtime, one ``info``/stat) each time a handle is opened; on another async backend
+(gcsfs, http) one ``info`` per file per reader runs alongside the file's first fetch (in the same
+round trip), and none of its bytes are used before it confirmed the version. A changed file is a
+``ReadError`` naming both versions, never other rows under the old sample ids.
 
 A row group estimated to decode to more than ``STREAM_ABOVE_BYTES`` (``decoded_size.py``) is
 *streamed* instead: pyarrow decodes it in record batches of about ``STREAM_BATCH_BYTES`` from a
@@ -53,7 +55,8 @@ from .reader_parts import (
     keep_rows,
 )
 from .retry import RetriesExhausted, RetryPolicy, TransientError, call_within, describe
-from .storage import FileSystems, check_short_read, file_change, is_async, timeout_kw
+from .storage import (FileSystems, ObjectChanged, cat_ranges_if_match, check_short_read, file_change,
+                      if_match_etag, is_async, timeout_kw)
 
 log = logging.getLogger("streamshard")
 
@@ -430,10 +433,15 @@ class RowGroupReader:
         fs, path = self.filesystems.resolve(url)
         got: dict[int, bytes] = {}
 
+        etag = if_match_etag(fs, self._versions[file_index]) if self._versions is not None and is_async(fs) else None
+
         def attempt(left: float) -> None:
             until = time.monotonic() + left
             todo = [i for i in range(len(ranges)) if i not in got]
-            if is_async(fs):
+            if etag is not None:  # the version check rides on every GET
+                results = cat_ranges_if_match(fs, path, [ranges[i][0] for i in todo], [ranges[i][1] for i in todo],
+                                              etag, left)
+            elif is_async(fs):
                 results = fs.cat_ranges([path] * len(todo), [ranges[i][0] for i in todo],
                                         [ranges[i][1] for i in todo], on_error="return", **timeout_kw(fs, left))
             else:
@@ -443,7 +451,9 @@ class RowGroupReader:
             failure: BaseException | None = None
             for i, result in zip(todo, results):
                 start, end = ranges[i]
-                if isinstance(result, BaseException):
+                if isinstance(result, ObjectChanged):
+                    failure = self._changed(file_index, until)
+                elif isinstance(result, BaseException):
                     failure = result if failure is None or isinstance(failure, TransientError) else failure
                 elif len(result) != end - start:
                     try:
@@ -456,7 +466,7 @@ class RowGroupReader:
             if failure is not None:
                 raise failure
 
-        verify = self._versions is not None and is_async(fs)
+        verify = self._versions is not None and is_async(fs) and etag is None
         if verify:  # the file's one version check runs alongside its first fetch, not a round after it
             self._checked.start(file_index, lambda: self._verify(file_index), self._verifier().submit)
         call_within(attempt, self.retry, f"{url} ranges {ranges}", self.filesystems.redact)
@@ -485,6 +495,19 @@ class RowGroupReader:
         except Exception as exc:  # noqa: BLE001 - cannot confirm the version: the file's bytes are not used
             cause = exc if isinstance(exc, RetriesExhausted) else describe(exc)
             raise ReadError(self.filesystems.redact(f"{url}: checking the file's version failed: {cause}")) from None
+
+    def _changed(self, file_index: int, until: float) -> ReadError:
+        """The error for a GET the store refused because the file is no longer at the cataloged ETag: what
+        it is now, when one ``info`` can still tell (within ``until``)."""
+        try:
+            self._check_unchanged(file_index, max(until, time.monotonic() + 1.0))
+        except ReadError as exc:
+            return exc
+        except Exception:  # noqa: BLE001 - the refused GET already says it changed
+            pass
+        version = self._versions[file_index] if self._versions is not None else ""
+        return ReadError(f"{self.urls[file_index]}: the file changed since it was cataloged (cataloged: "
+                         f"{self.sizes[file_index]} bytes, {version}; the store refused a GET at that ETag)")
 
     def _check_unchanged(self, file_index: int, until: float) -> None:
         """One ``info`` of the file (cut off at ``until``); ``ReadError`` naming both versions if it changed."""

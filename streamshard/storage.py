@@ -16,6 +16,7 @@ the client holding them lives as long as the process (it is shared), and so does
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import logging
@@ -182,6 +183,83 @@ def file_change(info: dict[str, Any], size: int, version: str) -> str | None:
     was = f"{size} bytes" + (f", {version}" if version else "")
     now = f"{now_size} bytes" + (f", {now_version}" if now_version else "")
     return f"the file changed since it was cataloged (cataloged: {was}; now: {now})"
+
+
+# -- GETs conditioned on the cataloged version ------------------------------------------------------
+
+
+CONDITIONAL_GETS = True  # False: S3 checks versions by one HEAD per file per reader, as gcsfs does (A/B, tests)
+
+
+class ObjectChanged(OSError):
+    """A GET conditioned on the cataloged ETag (``If-Match``) was refused (HTTP 412): the object changed."""
+
+
+def if_match_etag(fs: Any, version: str) -> str | None:
+    """The ETag to send as ``If-Match`` with ``fs``'s ranged GETs of a file cataloged at ``version``, or None
+    (``version`` is not an ETag, or ``fs`` cannot send one: then the version is checked apart, by ``info``).
+
+    The S3 backends can (s3fs through its ``get_object`` call, obstore through its get options); gcsfs
+    and local disk cannot, through fsspec."""
+    if not CONDITIONAL_GETS or not version.startswith("ETag=") or len(version) <= 5:
+        return None
+    return version[5:] if getattr(fs, "if_match_ranges", False) or _is_s3fs(fs) else None
+
+
+def cat_ranges_if_match(fs: Any, path: str, starts: list[int], ends: list[int], etag: str,
+                        timeout: float) -> list[Any]:
+    """``fs.cat_ranges`` (errors returned in place) with every GET conditioned on ``etag``; a GET of
+    another version fails with ``ObjectChanged``. ``fs`` must be one ``if_match_etag`` accepted."""
+    if getattr(fs, "if_match_ranges", False):
+        return fs.cat_ranges([path] * len(starts), starts, ends, on_error="return", if_match=etag,
+                             **timeout_kw(fs, timeout))
+    import fsspec.asyn
+
+    async def gather() -> list[Any]:
+        return await asyncio.gather(*(_s3fs_get_if_match(fs, path, s, e, etag) for s, e in zip(starts, ends)),
+                                    return_exceptions=True)
+
+    return fsspec.asyn.sync(fs.loop, gather, timeout=max(float(timeout), 0.001))
+
+
+def _is_s3fs(fs: Any) -> bool:
+    try:
+        from s3fs import S3FileSystem
+    except ImportError:
+        return False
+    return isinstance(fs, S3FileSystem)
+
+
+async def _s3fs_get_if_match(fs: Any, path: str, start: int, end: int, etag: str) -> bytes:
+    """One ranged ``get_object`` with ``IfMatch``, as s3fs's own ``_cat_file`` makes it (which takes no
+    extra arguments for the request)."""
+    bucket, key, version_id = fs.split_path(path)
+    request = {"Bucket": bucket, "Key": key, "Range": f"bytes={start}-{end - 1}", "IfMatch": etag}
+    if version_id:
+        request["VersionId"] = version_id
+    try:
+        response = await fs._call_s3("get_object", **request)
+    except OSError as exc:
+        if _precondition_failed(exc):
+            raise ObjectChanged(f"{path}: If-Match {etag} refused (412 PreconditionFailed)") from exc
+        raise
+    try:
+        return await response["Body"].read()
+    finally:
+        response["Body"].close()
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it wraps) is the store refusing a condition: HTTP 412 / PreconditionFailed."""
+    link: BaseException | None = exc
+    while link is not None:
+        response = getattr(link, "response", None)
+        if isinstance(response, dict):
+            error = response.get("Error") or {}
+            status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+            return error.get("Code") == "PreconditionFailed" or status == 412
+        link = link.__cause__
+    return False
 
 
 def _secret_values(options: Any, secret_key: bool = False) -> Iterable[str]:

@@ -72,12 +72,13 @@ def test_a_local_file_rewritten_at_the_same_size_is_refused_naming_both_versions
         assert (batch["id"] == batch["sample_id"]).all()
 
 
-def test_an_s3_object_rewritten_at_the_same_size_is_refused_after_one_head_per_file(s3, tmp_path):
+@pytest.mark.parametrize("backend", ["fsspec", "obstore"])
+def test_an_s3_object_rewritten_at_the_same_size_is_refused_by_every_get_at_no_extra_request(s3, tmp_path, backend):
     for i in range(3):
         write_fixed(tmp_path / f"part-{i}.parquet", 100 * i)
-    url = s3.upload(str(tmp_path), "versions-bucket", "c")
+    url = s3.upload(str(tmp_path), "versions-bucket", f"c-{backend}")
     with faulty_proxy(s3.endpoint_url) as proxy:
-        options = via(proxy, s3)
+        options = {**via(proxy, s3), "backend": backend}
         catalog = Catalog.build(url, None, options)
         assert all(v.startswith('ETag="') for v in catalog.versions)
         everything = list(zip(catalog.rg_file.tolist(), catalog.rg_index.tolist()))
@@ -86,25 +87,27 @@ def test_an_s3_object_rewritten_at_the_same_size_is_refused_after_one_head_per_f
         unchecked = RowGroupReader.from_catalog(catalog, options, versions=None)
         expected = [unchecked.read(f, g) for f, g in everything]
         gets_without_check = proxy.count("GET")
-        assert proxy.count("HEAD") == 0
 
         proxy.reset_counts()
         checked = RowGroupReader.from_catalog(catalog, options)
         assert [checked.read(f, g) for f, g in everything] == expected
-        # The cost of the check, measured: one HEAD per file per reader, not one GET more.
-        assert proxy.count("HEAD") == catalog.num_files == 3
-        # Per file: row group 0, row group 1; the footer too without versions (none to key a shared one by),
-        # with them it is the catalog's read of it, kept by this process at the version it cataloged.
+        # The check costs no request: every GET carries the cataloged ETag (If-Match). Per file: row group 0,
+        # row group 1; the footer too without versions (none to key a shared one by); with them it is the
+        # catalog's read of it, kept by this process at the version it cataloged.
+        assert proxy.count("HEAD") == 0
         assert (gets_without_check, proxy.count("GET")) == (9, 6)
 
         write_fixed(tmp_path / "part-1.parquet", 10_000)
-        s3.filesystem().put_file(str(tmp_path / "part-1.parquet"), "versions-bucket/c/part-1.parquet")
-        fresh = RowGroupReader.from_catalog(catalog, options)
-        with pytest.raises(ss.ReadError, match=r"part-1\.parquet: reading row group 1 failed: the file changed since "
-                                               r'it was cataloged \(cataloged: \d+ bytes, ETag="\w+"; now: \d+ bytes, '
-                                               r'ETag="\w+"\)') as err:
-            fresh.read(1, 1)
+        s3.filesystem().put_file(str(tmp_path / "part-1.parquet"), f"versions-bucket/c-{backend}/part-1.parquet")
+        both = (r'part-1\.parquet: reading row group {} failed: the file changed since it was cataloged '
+                r'\(cataloged: \d+ bytes, ETag="\w+"; now: \d+ bytes, ETag="\w+"\)')
+        proxy.reset_counts()
+        with pytest.raises(ss.ReadError, match=both.format(1)) as err:
+            RowGroupReader.from_catalog(catalog, options).read(1, 1)
         assert catalog.versions[1] in str(err.value)
+        assert proxy.count("HEAD") == 1  # after the refusal, to name the version the object has now
+        with pytest.raises(ss.ReadError, match=both.format(0)):  # a reader that read the file before, too
+            checked.read(1, 0)
 
 
 def test_a_checkpoint_taken_before_a_file_was_rewritten_is_refused(tmp_path):
