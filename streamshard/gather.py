@@ -46,7 +46,7 @@ def gatherable(converter: BatchConverter | None) -> bool:
 
 def convert_read(table: pa.Table, converter: BatchConverter) -> Converted:
     """``table`` (a read's decoded rows) converted once, in the flat form batches gather from."""
-    flat = converter.flat_twin()(table)
+    flat = converter.flat_twin().convert(table, copy=False)  # batches copy what they gather
     columns = {key: value.numpy() if isinstance(value, torch.Tensor) else value for key, value in flat.items()}
     return Converted(table.num_rows, columns, _item_offsets(columns, converter))
 

@@ -96,6 +96,7 @@ def check_conversion_options(lists: str, decimals: str, inner_nulls: str) -> Non
 
 class _How(NamedTuple):
     decimals: str
+    copy: bool = True  # False: numbers may be read-only views of Arrow's buffers
 
 
 class BatchConverter:
@@ -158,11 +159,17 @@ class BatchConverter:
 
     def __call__(self, table: pa.Table | pa.RecordBatch) -> Batch:
         """The batch of ``table``'s rows: exactly :attr:`keys`, in that order."""
+        return self.convert(table)
+
+    def convert(self, table: pa.Table | pa.RecordBatch, copy: bool = True) -> Batch:
+        """``self(table)``; with ``copy=False`` number entries are numpy arrays, possibly read-only
+        views of Arrow's buffers (for rows gathered into batches later, never handed out as they are)."""
+        how = self._how if copy else self._how._replace(copy=False)
         if isinstance(table, pa.Table):
             table = table.combine_chunks().to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema=table.schema)
         out: Batch = {}
         for name, node in self._columns:
-            _walk(node, table.column(name), [], out, self._how)
+            _walk(node, table.column(name), [], out, how)
         return {key: out[key] for key in self._keys}
 
 
@@ -189,7 +196,7 @@ def _walk(node: _Node, array: pa.Array, levels: list[Level], out: Batch, how: _H
 
 def _numbers_leaf(node: _Leaf, array: pa.Array, levels: list[Level], out: Batch, how: _How) -> None:
     try:
-        values = numbers(array, how.decimals)
+        values = numbers(array, how.decimals, how.copy)
     except ValueFault as exc:
         raise ConversionError(f"column {node.key!r}: {exc}") from None  # delivery adds the file and row group
     if node.mask is None and levels and array.null_count:
@@ -201,7 +208,7 @@ def _numbers_leaf(node: _Leaf, array: pa.Array, levels: list[Level], out: Batch,
         values = pad(values, where)
         if present is not None:
             present = where if not array.null_count else pad(present, where)  # no nulls: present = filled
-    out[node.key] = torch.from_numpy(values)
+    out[node.key] = torch.from_numpy(values) if how.copy else values  # torch wants writable memory
     if present is not None:
         out[node.mask] = torch.from_numpy(present)
 

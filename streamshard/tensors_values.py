@@ -31,8 +31,9 @@ def is_number(t: pa.DataType) -> bool:
     )
 
 
-def numbers(array: pa.Array, decimals: str = "float64") -> np.ndarray:
-    """The array's values as a new writable numpy array, nulls as 0 (False for bools).
+def numbers(array: pa.Array, decimals: str = "float64", copy: bool = True) -> np.ndarray:
+    """The array's values as a new writable numpy array, nulls as 0 (False for bools); with
+    ``copy=False`` a read-only view of Arrow's buffer where the values need no conversion.
 
     Types map as the table of :mod:`streamshard.tensors` says; ``decimals`` picks float64 or the
     unscaled integer (``value * 10**scale``) as int64.
@@ -53,7 +54,8 @@ def numbers(array: pa.Array, decimals: str = "float64") -> np.ndarray:
     if array.null_count:
         array = array.fill_null(False if pa.types.is_boolean(array.type) else 0)
     # Copy so the tensor owns writable memory (Arrow buffers are immutable).
-    return np.array(array.to_numpy(zero_copy_only=False), copy=True)
+    values = array.to_numpy(zero_copy_only=False)
+    return np.array(values, copy=True) if copy else values
 
 
 def valid(array: pa.Array) -> np.ndarray:
