@@ -25,6 +25,7 @@ table, writes ``benchmarks/out/remote.json``.
     .venv/bin/python benchmarks/remote.py --backends obstore --no-catalog
     .venv/bin/python benchmarks/remote.py --catalog-only --backends obstore   # the cold/warm catalog only
     .venv/bin/python benchmarks/remote.py --no-catalog --ab shared-footers,if-match,shared-footers+if-match
+    .venv/bin/python benchmarks/remote.py --reader-cpu --no-catalog   # CPU per row group, one reader, one thread
 """
 
 from __future__ import annotations
@@ -201,8 +202,69 @@ WITHOUT = {"shared-footers": _no_shared_footers, "if-match": _no_conditional_get
 def without_feature(features: str, run):
     """``run()`` with each of ``features`` (``WITHOUT`` names joined by ``+``) switched off."""
     for feature in features.split("+"):
-        run = (lambda f, inner: lambda: WITHOUT[f](inner))(feature, run)
+        run = _wrapped(WITHOUT[feature], run)
     return run()
+
+
+def _wrapped(switch, run):
+    return lambda: switch(run)
+
+
+# -- client CPU per row group, one thread, no latency ----------------------------------------------
+
+
+def reader_cpu(local: str, url: str, options: dict[str, dict], repeats: int) -> dict:
+    """CPU ms of this process per row group read by one ``RowGroupReader`` in one thread (no proxy, no
+    workers): local disk and each backend, with the version check on the GET (If-Match) or by HEAD, and
+    the backend's fetch of the same ranges alone (what the client library costs per request)."""
+    import statistics
+
+    from streamshard import storage
+    from streamshard.reader import RowGroupReader
+    from streamshard.storage import FileSystems, cat_ranges_if_match
+
+    def read_all(catalog, opts) -> None:
+        reader = RowGroupReader.from_catalog(catalog, opts)
+        for f, g in zip(catalog.rg_file.tolist(), catalog.rg_index.tolist()):
+            reader.read(f, g)
+        reader.close()
+
+    def fetch_all(catalog, opts, if_match: bool) -> None:
+        fs, _ = FileSystems(opts).resolve(catalog.urls[0])
+        for rg in range(catalog.num_row_groups):
+            f = int(catalog.rg_file[rg])
+            path = fs._strip_protocol(catalog.urls[f])
+            start, end = int(catalog.rg_ranges[rg, :, 0].min()), int(catalog.rg_ranges[rg, :, 1].max())
+            if if_match:
+                cat_ranges_if_match(fs, path, [start], [end], catalog.versions[f][5:], 30)
+            else:
+                fs.cat_ranges([path], [start], [end], on_error="return", timeout=30)
+
+    def by_head(run):
+        storage.CONDITIONAL_GETS = False
+        try:
+            run()
+        finally:
+            storage.CONDITIONAL_GETS = True
+
+    configs: list[tuple[str, Any]] = []
+    catalog = Catalog.build(local, COLUMNS)
+    configs.append(("reader, local", lambda c=catalog: read_all(c, {})))
+    for backend, opts in options.items():
+        c = Catalog.build(url, COLUMNS, opts)
+        configs += [(f"reader, s3 {backend} (If-Match)", lambda c=c, o=opts: read_all(c, o)),
+                    (f"reader, s3 {backend} (HEAD per file)", lambda c=c, o=opts: by_head(lambda: read_all(c, o))),
+                    (f"fetch only, s3 {backend} (If-Match)", lambda c=c, o=opts: fetch_all(c, o, True)),
+                    (f"fetch only, s3 {backend} (plain cat_ranges)", lambda c=c, o=opts: fetch_all(c, o, False))]
+    cpu: dict[str, list[float]] = {}
+    for name, run in configs:  # warm-up
+        run()
+    for _ in range(max(repeats, 5)):
+        for name, run in configs:
+            before = time.process_time()
+            run()
+            cpu.setdefault(name, []).append(1000 * (time.process_time() - before) / catalog.num_row_groups)
+    return {name: {"median_ms_per_row_group": statistics.median(v), "all": v} for name, v in cpu.items()}
 
 
 # -- raw pyarrow in 2 processes -------------------------------------------------------------------
@@ -295,6 +357,8 @@ def main() -> None:
     parser.add_argument("--proxy-in-process", action="store_true",
                         help="run the latency proxy in this process (its CPU then counts as the client's)")
     parser.add_argument("--repeats", type=int, default=None, help="epochs of each configuration (the best is kept)")
+    parser.add_argument("--reader-cpu", action="store_true",
+                        help="instead of epochs: CPU per row group of one reader in one thread, no proxy")
     parser.add_argument("--ab", default="", help=f"comma-separated reader features to also measure switched off, "
                                                  f"interleaved with the runs that have them: {sorted(WITHOUT)}; "
                                                  f"a+b: both off in one run")
@@ -327,7 +391,11 @@ def main() -> None:
             base = dict(s3.storage_options)
             base["client_kwargs"] = {**base["client_kwargs"], "endpoint_url": proxy.endpoint_url}
             options = {b: (base if b == "fsspec" else {**base, "backend": b}) for b in backends}
-            if not args.catalog_only:
+            if args.reader_cpu:
+                direct = {b: (dict(s3.storage_options) if b == "fsspec" else {**s3.storage_options, "backend": b})
+                          for b in backends}
+                out["reader_cpu"] = reader_cpu(local, url, direct, repeats)
+            elif not args.catalog_only:
                 out["epochs"] = epochs(local, url, s3, proxy, options, repeats, without)
             if not args.no_catalog:
                 out["catalog"] = {b: catalogs(options[b], proxy, s3.pid, os.path.join(tmp, b), repeats) for b in backends}
@@ -399,7 +467,8 @@ def finish(out: dict, args) -> None:
     out["load_average_after"] = os.getloadavg()
     print_table(out)
     Path("benchmarks/out").mkdir(parents=True, exist_ok=True)
-    name = "remote" + ("-catalog" if args.catalog_only else "") + ("-quick" if args.quick else "")
+    name = ("remote" + ("-catalog" if args.catalog_only else "") + ("-reader-cpu" if args.reader_cpu else "")
+            + ("-quick" if args.quick else ""))
     Path(f"benchmarks/out/{name}.json").write_text(json.dumps(out, indent=2))
 
 
@@ -425,6 +494,9 @@ def print_table(out: dict) -> None:
                      f"{r['reader']['misses']} misses; I/O threads' CPU: fsspec loop {r['cpu_seconds']['client_fsspec_io_loop']:.2f} s, "
                      f"native {r['cpu_seconds']['client_native_threads']:.2f} s") if "reader" in r else ""
             print(f"  {name}: {r['seconds']:.2f} s; all rows/s {', '.join(f'{x:.0f}' for x in r['all_rows_per_s'])}{extra}")
+    for name, r in out.get("reader_cpu", {}).items():
+        print(f"{name:44} client CPU {r['median_ms_per_row_group']:5.2f} ms per row group (median; all: "
+              f"{', '.join(f'{x:.2f}' for x in r['all'])})")
     for backend, c in out.get("catalog", {}).items():
         for key in ("cold", "warm_cache"):
             r = c[key]

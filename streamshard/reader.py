@@ -55,8 +55,16 @@ from .reader_parts import (
     keep_rows,
 )
 from .retry import RetriesExhausted, RetryPolicy, TransientError, call_within, describe
-from .storage import (FileSystems, ObjectChanged, cat_ranges_if_match, check_short_read, file_change,
-                      if_match_etag, is_async, timeout_kw)
+from .storage import (
+    FileSystems,
+    ObjectChanged,
+    cat_ranges_if_match,
+    check_short_read,
+    file_change,
+    if_match_etag,
+    is_async,
+    timeout_kw,
+)
 
 log = logging.getLogger("streamshard")
 
@@ -503,8 +511,8 @@ class RowGroupReader:
             self._check_unchanged(file_index, max(until, time.monotonic() + 1.0))
         except ReadError as exc:
             return exc
-        except Exception:  # noqa: BLE001 - the refused GET already says it changed
-            pass
+        except Exception as exc:  # noqa: BLE001 - the refused GET already says it changed
+            log.debug("%s: after a refused If-Match, info failed: %s", self.urls[file_index], describe(exc))
         version = self._versions[file_index] if self._versions is not None else ""
         return ReadError(f"{self.urls[file_index]}: the file changed since it was cataloged (cataloged: "
                          f"{self.sizes[file_index]} bytes, {version}; the store refused a GET at that ETag)")
