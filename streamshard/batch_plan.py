@@ -22,24 +22,31 @@ import numpy as np
 from .plan import EpochPlan
 
 _EMPTY = np.zeros(0, dtype=np.int64)
-_PART_ROWS_KEPT = 8  # owned-row arrays of partial pieces a schedule keeps (a batch touches a few)
+_PART_ROWS_KEPT = 32  # reads (with partial pieces' owned-row arrays) a schedule keeps: a window's worth
+_PART_ROWS_HELD = 1 << 21  # ... and at most this many owned-row numbers in them (16 MiB)
 
 
 class _PartRows:
-    """``EpochPlan.piece_rows`` of a schedule's pieces, computed once per piece (bounded LRU)."""
+    """The reads of a schedule's pieces (with ``EpochPlan.piece_rows``), made once per piece while a
+    window uses them (bounded LRU)."""
 
     def __init__(self, plan: EpochPlan) -> None:
         self.plan = plan
-        self._kept: OrderedDict[tuple[int, int, int], np.ndarray | None] = OrderedDict()
+        self._kept: OrderedDict[tuple[int, int, int], Read] = OrderedDict()
+        self._rows_held = 0  # owned-row numbers the kept reads hold
 
     def read(self, rg: int, lo: int, hi: int) -> Read:
         key = (rg, lo, hi)
-        if key not in self._kept:
-            self._kept[key] = self.plan.piece_rows(rg, lo, hi)
-            while len(self._kept) > _PART_ROWS_KEPT:
-                self._kept.popitem(last=False)
-        self._kept.move_to_end(key)
-        return Read(0, rg, rows=self._kept[key])
+        read = self._kept.get(key)
+        if read is None:
+            read = self._kept[key] = Read(0, rg, rows=self.plan.piece_rows(rg, lo, hi))
+            self._rows_held += 0 if read.rows is None else len(read.rows)
+            while len(self._kept) > _PART_ROWS_KEPT or (self._rows_held > _PART_ROWS_HELD and len(self._kept) > 1):
+                gone = self._kept.popitem(last=False)[1]
+                self._rows_held -= 0 if gone.rows is None else len(gone.rows)
+        else:
+            self._kept.move_to_end(key)
+        return read
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,8 @@ class Gatherer:
             pieces = _runs(spec.read, index, parts)
         if pieces is not None:
             batch = self._rows([(p.source.columns, p.rows, p.at) for p in pieces], size)
+            for lengths_key in self.lists:
+                self._items(batch, lengths_key, pieces)
         else:  # rows interleaving several reads: a shuffle window
             window = self._window
             if window is None or not np.isin(keys, window.keys).all():
@@ -97,9 +99,13 @@ class Gatherer:
                 window = self._window = _Window(sorted(keys), parts, self.keys, self.items_of)
             rows = window.rows(spec.read, index)
             batch = self._rows([(window.columns, rows, slice(0, n))], size)
-            pieces = window.pieces(rows)
-        for lengths_key in self.lists:
-            self._items(batch, lengths_key, pieces)
+            scattered: list[_Piece] | None = None
+            for lengths_key in self.lists:
+                if int(batch[lengths_key].sum()) >= _SLICE_ROWS_FROM * n:
+                    self._window_items(batch, lengths_key, window, rows)
+                else:  # a few items a row: one element gather per read
+                    scattered = window.pieces(rows) if scattered is None else scattered
+                    self._items(batch, lengths_key, scattered)
         batch = {key: batch[key] for key in self.keys}
         batch[SAMPLE_ID] = _with_padding(spec.sample_id, size)
         if spec.corpus is not None:
@@ -175,6 +181,28 @@ class Gatherer:
         batch.update(outs)
 
 
+    def _window_items(self, batch: dict[str, Any], lengths_key: str, window: _Window, rows: np.ndarray) -> None:
+        """``_items`` for the joined rows ``rows`` of a shuffle window, a slice per row: where each
+        row's items are is worked out for the whole batch at once, whichever read holds them."""
+        lengths = batch[lengths_key]
+        n, size = len(rows), len(lengths)
+        width = int(lengths.max(initial=0)) if self.padded else None
+        if width is None:
+            starts = np.zeros(size + 1, dtype=np.int64)
+            np.cumsum(lengths, out=starts[1:])
+            first = starts[:n]
+        else:
+            first = np.arange(n, dtype=np.int64) * width
+        spans = list(zip(window.part[rows].tolist(), window.starts[lengths_key][rows].tolist(),
+                         lengths[:n].tolist(), first.tolist()))
+        for key in (k for k in self.keys if self.items_of[k] == lengths_key):
+            dtype = window.parts[0].columns[key].dtype
+            values = np.zeros((size, width), dtype=dtype) if width is not None else np.empty(int(lengths.sum()), dtype=dtype)
+            out, sources = _flat_view(values.reshape(-1)), [_flat_view(p.columns[key]) for p in window.parts]
+            for p, b, c, f in spans:
+                out[f:f + c] = sources[p][b:b + c]
+            batch[key] = values
+
 _SLICE_ROWS_FROM = 32  # items per row, on average, from which rows are copied a slice each
 
 
@@ -213,7 +241,7 @@ def _runs(read: np.ndarray, index: np.ndarray, parts: dict[int, Converted]) -> l
 class _Window:
     """The reads a shuffle window's batches draw from, with their per-row columns joined (a few
     numbers per row), so each per-row key of a batch is one gather whichever reads its rows come
-    from. List items stay in their reads."""
+    from. List items stay in their reads; ``part`` and ``starts`` say where a joined row's are."""
 
     def __init__(self, keys: list[int], parts: dict[int, Converted], batch_keys: list[str],
                  items_of: dict[str, str | None]) -> None:
@@ -221,6 +249,10 @@ class _Window:
         self.parts = [parts[k] for k in keys]
         self.row_base = np.zeros(len(keys) + 1, dtype=np.int64)
         np.cumsum([p.rows for p in self.parts], out=self.row_base[1:])
+        self.part = np.repeat(np.arange(len(keys)), np.diff(self.row_base))  # per joined row, its read
+        # Per list: where each joined row's items begin in its own read.
+        self.starts = {lengths: np.concatenate([p.offsets[lengths][:-1] for p in self.parts])
+                       for lengths in self.parts[0].offsets}
         self.columns: dict[str, Any] = {}
         for key in batch_keys:
             if items_of[key] is None:
