@@ -173,13 +173,10 @@ class Gatherer:
                 for k in keys:
                     outs[k].reshape(-1)[target] = np.take(piece.source.columns[k], source)
                 continue
-            spans = list(zip(begin.tolist(), counts.tolist(), first.tolist()))
+            spans = list(zip([0] * len(rows), begin.tolist(), counts.tolist(), first.tolist()))
             for k in keys:
-                column, out = _flat_view(piece.source.columns[k]), _flat_view(outs[k].reshape(-1))
-                for b, c, f in spans:
-                    out[f:f + c] = column[b:b + c]
+                _copy_spans(outs[k], [piece.source.columns[k]], spans)
         batch.update(outs)
-
 
     def _window_items(self, batch: dict[str, Any], lengths_key: str, window: _Window, rows: np.ndarray) -> None:
         """``_items`` for the joined rows ``rows`` of a shuffle window, a slice per row: where each
@@ -198,12 +195,19 @@ class Gatherer:
         for key in (k for k in self.keys if self.items_of[k] == lengths_key):
             dtype = window.parts[0].columns[key].dtype
             values = np.zeros((size, width), dtype=dtype) if width is not None else np.empty(int(lengths.sum()), dtype=dtype)
-            out, sources = _flat_view(values.reshape(-1)), [_flat_view(p.columns[key]) for p in window.parts]
-            for p, b, c, f in spans:
-                out[f:f + c] = sources[p][b:b + c]
+            _copy_spans(values, [p.columns[key] for p in window.parts], spans)
             batch[key] = values
 
+
 _SLICE_ROWS_FROM = 32  # items per row, on average, from which rows are copied a slice each
+
+
+def _copy_spans(out: np.ndarray, sources: list[np.ndarray], spans: list[tuple[int, int, int, int]]) -> None:
+    """For each ``(source, begin, count, first)``: ``count`` items of ``sources[source]`` from
+    ``begin`` into the flattened ``out`` from ``first``, a slice each."""
+    target, views = _flat_view(out.reshape(-1)), [_flat_view(source) for source in sources]
+    for p, b, c, f in spans:
+        target[f:f + c] = views[p][b:b + c]
 
 
 def _flat_view(array: np.ndarray) -> Any:

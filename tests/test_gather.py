@@ -12,9 +12,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import streamshard.gather as gather_module
 from streamshard.batch_plan import BatchSpec, Read
 from streamshard.delivery import build
-import streamshard.gather as gather_module
 from streamshard.gather import Gatherer, convert_read, gatherable
 from streamshard.tensors import BatchConverter
 
