@@ -136,10 +136,11 @@ class Gatherer:
 
     def _items(self, batch: dict[str, Any], lengths_key: str, pieces: list[_Piece]) -> None:
         """The items of one list, every key sharing its lengths, into ``batch``: padded
-        ``[rows, longest]`` or flat. A run of consecutive rows is one copy (flat) or one boolean-mask
-        pass (padded). Scattered rows (a shuffle) of a few items each go through one element gather;
-        longer ones are copied a slice each, which moves the same bytes with far less index
-        arithmetic (measured: 2.5x faster than the element gather at ~576 items a row)."""
+        ``[rows, longest]`` or flat. A run of consecutive rows, flat, is one copy. Otherwise rows of
+        a few items each go through one vectorised pass (a boolean mask for a run, an element gather
+        for scattered rows), and longer rows are copied a slice each, which moves the same bytes
+        with far less index arithmetic (at ~576 items a row: 2.5x faster than the element gather,
+        1.7x faster than the mask pass)."""
         lengths = batch[lengths_key]
         size, total = len(lengths), int(lengths.sum())
         width = int(lengths.max(initial=0)) if self.padded else None
@@ -157,7 +158,14 @@ class Gatherer:
                     for k in keys:
                         outs[k][at:at + b - a] = piece.source.columns[k][a:b]
                     continue
-                # One vectorised pass, which releases the GIL (a slice per row would hold it).
+                if b - a >= _SLICE_ROWS_FROM * (piece.rows.stop - piece.rows.start):  # long rows: a slice each
+                    bounds = offsets[piece.rows.start:piece.rows.stop + 1]
+                    first = np.arange(piece.at.start, piece.at.stop, dtype=np.int64) * width
+                    spans = list(zip([0] * (len(bounds) - 1), bounds[:-1].tolist(), np.diff(bounds).tolist(), first.tolist()))
+                    for k in keys:
+                        _copy_spans(outs[k], [piece.source.columns[k]], spans)
+                    continue
+                # Short rows: one vectorised pass (it releases the GIL, and costs less than a loop).
                 cells = np.arange(width) < lengths[piece.at, None]
                 for k in keys:
                     outs[k][piece.at][cells] = piece.source.columns[k][a:b]
