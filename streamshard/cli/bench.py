@@ -96,7 +96,8 @@ def render_bench(r: dict[str, Any], args: argparse.Namespace) -> str:
         "",
         "busy: time the worker spent producing batches; wait: part of it blocked on the read-ahead thread;",
         "io: time in storage reads, decode: rest of RowGroupReader.read (both on the read-ahead thread);",
-        "convert: Arrow -> torch. MB are 10**6 bytes.",
+        "convert: gathering batches of tensors from the converted row groups (each row group is converted",
+        "to numpy once on the read-ahead thread, inside neither column). MB are 10**6 bytes.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -112,7 +113,7 @@ class _WorkerTimes:
     read_s     wall time of ``RowGroupReader.read`` calls (read-ahead threads): fetch + Parquet decode
     io_s       part of read_s spent fetching byte ranges from storage
     decode_s   read_s - io_s: decompression and decoding to Arrow (reported, not stored)
-    convert_s  Arrow -> torch, on the worker's main thread
+    convert_s  gathering batches of tensors from row groups converted once (on the read-ahead threads)
     read_bytes bytes the reader fetched from storage
     With several read-ahead threads, read_s and io_s are sums over threads and can exceed busy_s.
     """
