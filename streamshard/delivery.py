@@ -17,6 +17,7 @@ names the file and row group of the rows it came from (``describe``).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -42,9 +43,10 @@ class DeliveryStats:
     """Where a worker's time went, for ``ParquetStream.stats_hook`` (``streamshard bench`` reads it).
 
     ``worker``: which of the rank's workers; ``busy_s``: producing batches (inside ``next()``); ``wait_s``: the part of it blocked on row-group
-    reads; ``convert_s``: building batches of tensors from the reads (their one-off conversion
-    runs on the read threads and is not counted here); ``reads``: the reader's own counters (bytes fetched, fetch
-    and decode seconds, summed over the read-ahead threads).
+    reads; ``convert_s``: building batches of tensors from the reads; ``prepare_s``: converting each
+    read once for that, on the read-ahead threads (summed over them, like the reader's times);
+    ``reads``: the reader's own counters (bytes fetched, fetch and decode seconds, summed over the
+    read-ahead threads).
     """
 
     reads: ReadStats
@@ -54,6 +56,7 @@ class DeliveryStats:
     busy_s: float = 0.0
     wait_s: float = 0.0
     convert_s: float = 0.0
+    prepare_s: float = 0.0
 
 
 class _Ready:
@@ -79,7 +82,7 @@ def deliver(
     a ``ConversionError`` then names the reads whose rows failed to convert."""
     gatherer = Gatherer(convert) if assemble is None and gatherable(convert) else None
     if gatherer is not None:  # each read converted once, on the thread that read it
-        read = _converting(read, convert, describe)
+        read = _converting(read, convert, describe, stats)
     specs = schedule.batches(start)
     upcoming = schedule.upcoming_reads(start) if read_ahead else None
     pending: dict[int, Future | _Ready] = {}
@@ -191,18 +194,25 @@ def _donor(schedule: Schedule, read: Callable[[Read], Any], convert: BatchConver
     return gatherer.build(spec, reads) if gatherer is not None else _build_placed(spec, reads, convert, describe)
 
 
-def _converting(read: Callable[[Read], pa.Table], convert: BatchConverter,
-                describe: Callable[[Read], str] | None) -> Callable[[Read], Any]:
-    """``read``, then the read's rows converted once (``gather.convert_read``); a conversion error
-    names the file and row group they came from."""
+def _converting(read: Callable[[Read], pa.Table], convert: BatchConverter, describe: Callable[[Read], str] | None,
+                stats: DeliveryStats | None) -> Callable[[Read], Any]:
+    """``read``, then the read's rows converted once (``gather.convert_read``), timed into
+    ``stats.prepare_s``; a conversion error names the file and row group they came from."""
+    lock = threading.Lock()  # several read-ahead threads add to one total
+
     def read_converted(what: Read) -> Any:
         table = read(what)
+        began = time.perf_counter()
         try:
             return convert_read(table, convert)
         except ConversionError as exc:
             if describe is None:
                 raise
             raise ConversionError(f"{exc} (in the rows of {describe(what)})") from None
+        finally:
+            if stats is not None:
+                with lock:
+                    stats.prepare_s += time.perf_counter() - began
     return read_converted
 
 

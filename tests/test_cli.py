@@ -240,6 +240,7 @@ def test_bench_streams_every_row_once_and_times_each_worker(corpus):
     assert sum(w["batches"] for w in report["workers"]) == report["batches"]
     for w in report["workers"]:
         assert w["busy_s"] >= w["wait_s"] >= 0 and w["read_s"] > 0 and w["read_bytes"] > 0
+        assert w["prepare_s"] > 0 and w["convert_s"] > 0  # the one-off conversion, then the gathering
     assert report["rows_per_s"] > 0 and err == ""  # stderr is no terminal here: no progress bar
 
 

@@ -85,19 +85,20 @@ def render_bench(r: dict[str, Any], args: argparse.Namespace) -> str:
         f"{r['storage_mb_per_s']:.1f} MB/s read from storage",
         "",
         f"{'worker':>6} {'rows':>10} {'batches':>8} {'busy s':>7} {'wait s':>7} {'io s':>7} {'decode s':>9} "
-        f"{'convert s':>9} {'read MB':>8}",
+        f"{'prepare s':>9} {'convert s':>9} {'read MB':>8}",
     ]
     for w in r["workers"]:
         lines.append(
             f"{w['worker']:>6} {w['rows']:>10,} {w['batches']:>8} {w['busy_s']:>7.2f} {w['wait_s']:>7.2f} "
-            f"{w['io_s']:>7.2f} {w['decode_s']:>9.2f} {w['convert_s']:>9.2f} {w['read_bytes'] / 1e6:>8.1f}"
+            f"{w['io_s']:>7.2f} {w['decode_s']:>9.2f} {w['prepare_s']:>9.2f} {w['convert_s']:>9.2f} "
+            f"{w['read_bytes'] / 1e6:>8.1f}"
         )
     lines += [
         "",
         "busy: time the worker spent producing batches; wait: part of it blocked on the read-ahead thread;",
         "io: time in storage reads, decode: rest of RowGroupReader.read (both on the read-ahead thread);",
-        "convert: gathering batches of tensors from the converted row groups (each row group is converted",
-        "to numpy once on the read-ahead thread, inside neither column). MB are 10**6 bytes.",
+        "prepare: converting each row group to numpy once (read-ahead threads); convert: gathering",
+        "batches of tensors from those (the worker). MB are 10**6 bytes.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -113,19 +114,20 @@ class _WorkerTimes:
     read_s     wall time of ``RowGroupReader.read`` calls (read-ahead threads): fetch + Parquet decode
     io_s       part of read_s spent fetching byte ranges from storage
     decode_s   read_s - io_s: decompression and decoding to Arrow (reported, not stored)
-    convert_s  gathering batches of tensors from row groups converted once (on the read-ahead threads)
+    prepare_s  converting each row group to numpy once, for gathering (read-ahead threads)
+    convert_s  gathering batches of tensors from the converted row groups, on the worker's thread
     read_bytes bytes the reader fetched from storage
-    With several read-ahead threads, read_s and io_s are sums over threads and can exceed busy_s.
+    With several read-ahead threads, read_s, io_s and prepare_s are sums over threads and can exceed busy_s.
     """
 
-    FIELDS = ("rows", "batches", "busy_s", "wait_s", "read_s", "io_s", "convert_s", "read_bytes")
+    FIELDS = ("rows", "batches", "busy_s", "wait_s", "read_s", "io_s", "prepare_s", "convert_s", "read_bytes")
 
     def __init__(self, table: Any) -> None:
         self.table = table
 
     def __call__(self, stats: DeliveryStats) -> None:
         values = (stats.rows, stats.batches, stats.busy_s, stats.wait_s, stats.reads.read_seconds,
-                  stats.reads.fetch_seconds, stats.convert_s, stats.reads.bytes_fetched)
+                  stats.reads.fetch_seconds, stats.prepare_s, stats.convert_s, stats.reads.bytes_fetched)
         self.table[stats.worker].copy_(torch.tensor(values, dtype=torch.float64))
 
     @classmethod
