@@ -13,8 +13,10 @@ One run measures, over the same cached corpus (16 files, uneven row groups, ``id
 Configurations run interleaved, round after round, and the table shows the median of the
 timed rounds (DataLoaders use persistent workers; their first epoch, which forks the workers,
 is reported apart). A stream epoch's loop copies each batch's ids and token counts out; after the
-clock stops, the ids must be every row exactly once. A stage breakdown (one process, no read-ahead) says where ParquetStream's
-time goes, next to cheaper ways to build the same padded tensor.
+clock stops, the ids must be every row exactly once. A stage breakdown (one process, no
+read-ahead) times reading and the whole-batch conversion (what streams use for lists of lists;
+other schemas gather from row groups converted once, ``gather.py``), next to cheaper ways to build
+the same padded tensor.
 
     .venv/bin/python benchmarks/throughput.py [--quick] [--repeats 3]
 
@@ -341,7 +343,7 @@ def stage_breakdown(directory: Path) -> dict[str, float]:
             for key in spec.done:
                 decoded.pop(key, None)
             t[_PIECE] = t.get(_PIECE, 0.0) + time.perf_counter() - start
-            batch = _timed(lambda: converter(table.drop_columns(["sample_id"])), t, "3 convert to tensors (BatchConverter)")
+            batch = _timed(lambda: converter(table.drop_columns(["sample_id"])), t, "3 convert to tensors, whole batch (BatchConverter)")
             _convert_parts(table, t)
             _timed(lambda: [v.share_memory_() for v in batch.values()], t, "4 copy into shared memory (worker side of IPC)")
     finally:
@@ -384,7 +386,7 @@ def _convert_parts(table: pa.Table, t: dict[str, float]) -> None:
     batch = _timed(lambda: table.drop_columns(["sample_id"]).combine_chunks().to_batches()[0], t, "3a combine_chunks")
     tokens = batch.column(1)
     one_column = ss_tensors.BatchConverter(pa.schema([pa.field("input_ids", tokens.type)]))
-    _timed(lambda: one_column(pa.table({"input_ids": tokens})), t, "3b pad input_ids: current (BatchConverter)")
+    _timed(lambda: one_column(pa.table({"input_ids": tokens})), t, "3b pad input_ids: whole-batch BatchConverter")
     offsets, values = _list_parts(tokens)
     _timed(lambda: pad_mask(offsets, values), t, "alt pad input_ids: boolean mask")
     _timed(lambda: pad_rowwise(offsets, values), t, "alt pad input_ids: per-row slice copy")

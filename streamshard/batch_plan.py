@@ -166,17 +166,9 @@ class StreamSchedule(Schedule):
             return padding_spec(index, bs if bs is not None else self._padding_rows())
         begin, end = int(self.bounds[index]), int(self.bounds[index + 1])
         p = self.pieces
-        w = int(np.searchsorted(self.window_start, begin, side="right")) - 1
-        if int(self.window_first[w + 1]) - int(self.window_first[w]) == 1 and end <= int(self.window_start[w + 1]):
-            # Rows of one piece, in order (no shuffle window): the common case, kept cheap.
-            k = int(self.window_first[w])
-            lo = int(p.lo[k]) + begin - int(self.window_start[w])
-            piece, rg = np.full(end - begin, k, dtype=np.int64), np.full(end - begin, p.rg[k], dtype=np.int64)
-            row, keys = self.plan.rows_at(rg, np.arange(lo, lo + end - begin, dtype=np.int64)), [k]
-        else:
-            piece, row = self._locate(begin, end)
-            rg = p.rg[piece]
-            keys = _first_use(piece)
+        piece, row = self._locate(begin, end)
+        rg = p.rg[piece]
+        keys = _first_use(piece)
         # Pieces end in window order, so their last batches never decrease.
         done = tuple(range(*np.searchsorted(self.piece_last_batch, [index, index + 1]).tolist()))
         reads = {k: self._parts.read(int(p.rg[k]), int(p.lo[k]), int(p.hi[k])) for k in keys}
@@ -230,6 +222,8 @@ class StreamSchedule(Schedule):
             labels, _ = self._window(w, p0, p1)
             pieces.append(p0 + labels[lo:hi])
             positions.append(self._window_rows(w, p0)[lo:hi])
+        if len(pieces) == 1:
+            return pieces[0], positions[0]
         return np.concatenate(pieces), np.concatenate(positions)
 
     def _window(self, w: int, p0: int, p1: int) -> tuple[np.ndarray, np.ndarray]:
@@ -262,6 +256,9 @@ def occurrence_rank(labels: np.ndarray) -> np.ndarray:
 
 def _first_use(keys: np.ndarray) -> list[int]:
     """Distinct keys in order of first appearance."""
+    if len(keys) and keys[0] == keys[-1]:  # one read (no shuffle window): the common case
+        if bool((keys == keys[0]).all()):
+            return [int(keys[0])]
     unique, first = np.unique(keys, return_index=True)
     return unique[np.argsort(first)].tolist()
 
