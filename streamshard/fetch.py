@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 import pyarrow.parquet as pq
 
 from .errors import ReadError
-from .footer import SHARED_FOOTERS, FooterError, parse_footer, tail_range
+from .footer import FOOTER_PROBE_BYTES, SHARED_FOOTERS, FooterError, parse_footer, tail_range
 from .reader_parts import _FooterCache, _Handles, _Once
 from .retry import RetriesExhausted, RetryPolicy, TransientError, call_within, describe
 from .storage import (
@@ -51,9 +51,6 @@ log = logging.getLogger("streamshard")
 
 Range = tuple[int, int]
 
-# Without the catalog's footer length, a small probe of the tail: narrow schemas fit, and a
-# wide footer costs one more request rather than every worker fetching data it will not use.
-FOOTER_PROBE_BYTES = 16 * 1024
 _VERIFY_THREADS = 4  # version checks (one HEAD per file) in flight at once per reader
 _NOTE_SECONDS = 10.0  # at most this long asking the store, after a failure, whether the file changed
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import streamshard as ss
 from streamshard import storage
 from streamshard.catalog import Catalog
-from streamshard.footer import chunk_ranges
+from streamshard.footer import FOOTER_PROBE_BYTES, chunk_ranges, tail_range
 from streamshard.reader import RowGroupReader
 from streamshard.retry import RetryPolicy
 from streamshard.testing import FaultConfig, faulty_proxy
@@ -211,3 +211,23 @@ def test_planned_ranges_cover_what_pyarrow_reads_and_decode_identically(tmp_path
     assert reader.stats.misses == 0
     assert reader.stats.footers_fetched + reader.stats.footers_shared == 1
     reader.close()
+
+
+def test_a_reader_without_the_catalogs_layout_gets_a_footer_under_the_probe_size_in_one_request(tmp_path):
+    # A 40 KB footer (key-value metadata), as wide schemas with many row groups have: the probe of the
+    # tail (the catalog's and the reader's, one constant) holds it, so the reader's first read of the
+    # file is two requests (footer probe, then the chunks), not three.
+    table = pa.table({"id": pa.array(range(1000), pa.int64())})
+    path = tmp_path / "wide-footer.parquet"
+    with pq.ParquetWriter(path, table.schema) as writer:
+        writer.write_table(table)
+        writer.add_key_value_metadata({"pad": "x" * 40_000})
+    size = path.stat().st_size
+    assert 40_000 < pq.read_metadata(path).serialized_size < FOOTER_PROBE_BYTES
+    assert tail_range(size, None) == (max(0, size - FOOTER_PROBE_BYTES), size)
+    reader = RowGroupReader([str(path)], [size], ["id"])
+    try:
+        assert reader.read(0, 0).column("id").to_pylist() == list(range(1000))
+        assert (reader.stats.requests, reader.stats.footers_fetched, reader.stats.misses) == (2, 1, 0)
+    finally:
+        reader.close()
