@@ -229,7 +229,9 @@ class FileFetcher:
         if pending is not None:
             tail = pending.result()
             if tail is None:  # that fetch failed: try once more here (its error, if permanent, again)
-                return self._fetch_own_footer(file_index)[0]
+                metadata, exact = self._fetch_own_footer(file_index)
+                SHARED_FOOTERS.put(*self._shared_key(file_index), exact)  # later readers need not fetch it
+                return metadata
         if tail is not None:
             return self._shared(file_index, tail)
         exact = None

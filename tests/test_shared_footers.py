@@ -11,6 +11,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -132,3 +134,39 @@ def test_the_shared_footers_stay_within_their_byte_budget_and_keep_nothing_witho
     assert shared.get("s3://b/4", 1000, 'ETag="2"') is None  # another version is another file
     assert shared.get("s3://b/4", 999, 'ETag="1"') is None
     assert shared.get("s3://b/0", 1000, 'ETag="1"') is None
+
+
+def test_a_footer_fetched_again_after_another_readers_fetch_of_it_failed_is_shared(tmp_path, monkeypatch):
+    # Reader ``first`` waits for another reader's fetch of the footer (here: the test's claim), which
+    # fails; it fetches the footer itself, and leaves it for the process, so a later reader fetches data only.
+    write_at_size(tmp_path / "a.parquet", 0, [60, 60])
+    catalog = Catalog.build(str(tmp_path))
+    key = (catalog.urls[0], int(catalog.file_sizes[0]), catalog.versions[0])
+    SHARED_FOOTERS.clear()
+    waiting = threading.Event()
+    claim = SHARED_FOOTERS.claim
+
+    def claim_noting_waiters(*args):
+        tail, pending = claim(*args)
+        if pending is not None:
+            waiting.set()
+        return tail, pending
+
+    monkeypatch.setattr(SHARED_FOOTERS, "claim", claim_noting_waiters)
+    # Readers without the catalog's byte layout: they fetch a file's footer before its data.
+    first = RowGroupReader(catalog.urls, catalog.file_sizes, ["id"], versions=catalog.versions)
+    later = RowGroupReader(catalog.urls, catalog.file_sizes, ["id"], versions=catalog.versions)
+    try:
+        assert SHARED_FOOTERS.claim(*key) == (None, None)  # "another reader" fetches the footer now
+        with ThreadPoolExecutor(1) as pool:
+            read = pool.submit(first.read, 0, 0)
+            assert waiting.wait(30)
+            SHARED_FOOTERS.settle(*key, None)  # ... and fails
+            assert read.result(30).column("id").to_pylist() == list(range(60))
+        assert first.stats.footers_fetched == 1
+        assert later.read(0, 1).column("id").to_pylist() == list(range(60, 120))
+        assert (later.stats.footers_shared, later.stats.footers_fetched, later.stats.requests) == (1, 0, 1)
+    finally:
+        first.close()
+        later.close()
+        SHARED_FOOTERS.clear()
