@@ -87,14 +87,14 @@ class Gatherer:
         if len(keys) == 1 or n == 0:
             pieces = [_Piece(parts[keys[0]], index, slice(0, n))]
         else:
-            pieces = _runs(spec.read, index, parts)
+            pieces = _runs(spec.read, index, parts, len(keys))
         if pieces is not None:
             batch = self._rows([(p.source.columns, p.rows, p.at) for p in pieces], size)
             for lengths_key in self.lists:
                 self._items(batch, lengths_key, pieces)
         else:  # rows interleaving several reads: a shuffle window
             window = self._window
-            if window is None or not np.isin(keys, window.keys).all():
+            if window is None or not window.holds.issuperset(keys):
                 window = self._window = None  # the old one goes first
                 window = self._window = _Window(sorted(keys), parts, self.keys, self.items_of)
             rows = window.rows(spec.read, index)
@@ -203,16 +203,17 @@ class Gatherer:
         for key in (k for k in self.keys if self.items_of[k] == lengths_key):
             dtype = window.parts[0].columns[key].dtype
             values = np.zeros((size, width), dtype=dtype) if width is not None else np.empty(int(lengths.sum()), dtype=dtype)
-            _copy_spans(values, [p.columns[key] for p in window.parts], spans)
+            _copy_spans(values, window.views(key), spans)
             batch[key] = values
 
 
 _SLICE_ROWS_FROM = 32  # items per row, on average, from which rows are copied a slice each
 
 
-def _copy_spans(out: np.ndarray, sources: list[np.ndarray], spans: list[tuple[int, int, int, int]]) -> None:
+def _copy_spans(out: np.ndarray, sources: list[Any], spans: list[tuple[int, int, int, int]]) -> None:
     """For each ``(source, begin, count, first)``: ``count`` items of ``sources[source]`` from
-    ``begin`` into the flattened ``out`` from ``first``, a slice each."""
+    ``begin`` into the flattened ``out`` from ``first``, a slice each. ``sources`` are 1-D arrays
+    or their ``_flat_view``s."""
     target, views = _flat_view(out.reshape(-1)), [_flat_view(source) for source in sources]
     for p, b, c, f in spans:
         target[f:f + c] = views[p][b:b + c]
@@ -221,6 +222,8 @@ def _copy_spans(out: np.ndarray, sources: list[np.ndarray], spans: list[tuple[in
 def _flat_view(array: np.ndarray) -> Any:
     """A 1-D array as a memoryview when it can be one: slicing and assigning memoryviews costs half
     what numpy's slices cost, per row copied."""
+    if isinstance(array, memoryview):
+        return array
     try:
         return memoryview(array) if array.flags.c_contiguous else array
     except (TypeError, ValueError, BufferError):  # a dtype without a buffer format
@@ -239,10 +242,12 @@ class _Piece:
         self.rows: slice | np.ndarray = slice(first, first + n) if consecutive else rows
 
 
-def _runs(read: np.ndarray, index: np.ndarray, parts: dict[int, Converted]) -> list[_Piece] | None:
+def _runs(read: np.ndarray, index: np.ndarray, parts: dict[int, Converted], distinct: int) -> list[_Piece] | None:
     """The pieces of a batch whose rows come read after read (no shuffle: each read's rows
-    together); None when they interleave."""
+    together); None when they interleave. ``distinct``: how many reads the rows come from."""
     cut = np.flatnonzero(read[1:] != read[:-1]) + 1
+    if len(cut) >= distinct:  # more runs than reads: interleaved (a shuffle window)
+        return None
     begins, ends = np.r_[0, cut].tolist(), np.r_[cut, len(read)].tolist()
     keys = read[begins].tolist()
     if len(keys) != len(set(keys)):
@@ -258,7 +263,9 @@ class _Window:
     def __init__(self, keys: list[int], parts: dict[int, Converted], batch_keys: list[str],
                  items_of: dict[str, str | None]) -> None:
         self.keys = np.asarray(keys, dtype=np.int64)
+        self.holds = frozenset(keys)
         self.parts = [parts[k] for k in keys]
+        self._views: dict[str, list[Any]] = {}
         self.row_base = np.zeros(len(keys) + 1, dtype=np.int64)
         np.cumsum([p.rows for p in self.parts], out=self.row_base[1:])
         self.part = np.repeat(np.arange(len(keys)), np.diff(self.row_base))  # per joined row, its read
@@ -271,6 +278,13 @@ class _Window:
                 values = [p.columns[key] for p in self.parts]
                 self.columns[key] = np.concatenate(values) if isinstance(values[0], np.ndarray) else [
                     v for part in values for v in part]
+
+    def views(self, key: str) -> list[Any]:
+        """Each read's column ``key`` as a ``_flat_view``, made once per window."""
+        views = self._views.get(key)
+        if views is None:
+            views = self._views[key] = [_flat_view(p.columns[key]) for p in self.parts]
+        return views
 
     def rows(self, read: np.ndarray, index: np.ndarray) -> np.ndarray:
         """Joined row numbers of rows ``index`` of reads ``read``."""
