@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import inspect
 import json
 import logging
 import os
 import threading
-from typing import Any, Iterable
+from typing import Any, Awaitable, Callable, Iterable
 
 import fsspec
 from fsspec.core import split_protocol
@@ -231,14 +232,13 @@ def _is_s3fs(fs: Any) -> bool:
 
 
 async def _s3fs_get_if_match(fs: Any, path: str, start: int, end: int, etag: str) -> bytes:
-    """One ranged ``get_object`` with ``IfMatch``, as s3fs's own ``_cat_file`` makes it (which takes no
-    extra arguments for the request)."""
+    """One ranged ``get_object`` with ``IfMatch``, as s3fs's own ``_cat_file`` makes it."""
     bucket, key, version_id = fs.split_path(path)
     request = {"Bucket": bucket, "Key": key, "Range": f"bytes={start}-{end - 1}", "IfMatch": etag}
     if version_id:
         request["VersionId"] = version_id
     try:
-        response = await fs._call_s3("get_object", **request)
+        response = await s3fs_request(fs)("get_object", **request)
     except OSError as exc:
         if _precondition_failed(exc):
             raise ObjectChanged(f"{path}: If-Match {etag} refused (412 PreconditionFailed)") from exc
@@ -247,6 +247,27 @@ async def _s3fs_get_if_match(fs: Any, path: str, start: int, end: int, etag: str
         return await response["Body"].read()
     finally:
         response["Body"].close()
+
+
+def s3fs_request(fs: Any) -> Callable[..., Awaitable[Any]]:
+    """The coroutine of s3fs's ``fs`` that sends one S3 request with the arguments given (``_call_s3``: the
+    async twin of its public ``call_s3``; the one s3fs internal streamshard uses, and only through here).
+
+    s3fs has no public way to send a ranged GET with an ``If-Match`` of our choosing at one request per
+    range: ``cat_file``/``_cat_file`` take no request arguments; ``open()`` conditions its reads on the ETag
+    its own HEAD finds at open (one more request per file, and the object as it is now, not as cataloged;
+    nothing at all when given ``size=``) and reads one range at a time; ``s3_additional_kwargs`` applies
+    to every request of the filesystem, which all files share. So when an s3fs no longer has it, this
+    raises, naming the s3fs version, rather than letting the GETs go out without the condition.
+    """
+    call = getattr(fs, "_call_s3", None)
+    if call is None or not inspect.iscoroutinefunction(call):
+        import s3fs
+
+        raise RuntimeError(f"s3fs {s3fs.__version__} has no coroutine S3FileSystem._call_s3, which streamshard "
+                           f"uses to send GETs conditioned on the cataloged ETag (If-Match); use an s3fs that has "
+                           f"it or storage_options backend='obstore'")
+    return call
 
 
 def _precondition_failed(exc: BaseException) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -108,6 +109,21 @@ def test_an_s3_object_rewritten_at_the_same_size_is_refused_by_every_get_at_no_e
         assert proxy.count("HEAD") == 1  # after the refusal, to name the version the object has now
         with pytest.raises(ss.ReadError, match=both.format(0)):  # a reader that read the file before, too
             checked.read(1, 0)
+
+
+def test_an_s3fs_without_the_request_hook_for_if_match_fails_loudly_naming_its_version(s3, tmp_path, monkeypatch):
+    # The conditional GETs go through s3fs's private ``_call_s3``: if an s3fs drops it, reads must fail
+    # and say why, never fall back to GETs without the cataloged ETag.
+    import s3fs
+
+    write_fixed(tmp_path / "a.parquet", 0)
+    url = s3.upload(str(tmp_path), "versions-bucket", "no-request-hook")
+    catalog = Catalog.build(url, None, s3.storage_options)
+    reader = RowGroupReader.from_catalog(catalog, s3.storage_options)
+    monkeypatch.delattr(s3fs.S3FileSystem, "_call_s3")
+    with pytest.raises(ss.ReadError, match=rf"a\.parquet: reading row group 0 failed: RuntimeError: s3fs "
+                                           rf"{re.escape(s3fs.__version__)} has no coroutine S3FileSystem\._call_s3"):
+        reader.read(0, 0)
 
 
 def test_a_checkpoint_taken_before_a_file_was_rewritten_is_refused(tmp_path):
