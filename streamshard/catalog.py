@@ -7,7 +7,9 @@ plus the byte range of every projected column chunk, so a worker fetches exactly
 
 Each file's version (ETag on object stores, mtime on disk, as the listing reports it) is kept in
 the catalog: readers refuse a file whose version changed since, and the catalog's digest (which
-checkpoints carry) covers it. Footer summaries can be cached on disk (``cache_dir``, opt-in),
+checkpoints carry) covers it. On S3 the footer itself is read with the listed ETag as ``If-Match``, so
+a file rewritten between the listing and its footer read fails the build (``CatalogError`` naming it)
+rather than pairing the new object's footer with the old size and version. Footer summaries can be cached on disk (``cache_dir``, opt-in),
 keyed by each file's size and version. When torch.distributed is initialised, rank 0 lists, the
 ranks split the footer reads and all-gather the summaries, so every rank gets the same catalog
 (versions included) for 1/world of the requests.
@@ -39,7 +41,18 @@ from .state import catalog_digest
 from .footer import (SHARED_FOOTERS, FooterError, ParsedFooter, chunk_ranges, leaf_values, missing_footer_range,
                      parse_footer, tail_range)
 from .retry import MIN_ATTEMPT_SECONDS, RetriesExhausted, RetryPolicy, call_within, call_within_async, describe
-from .storage import FileSystems, check_short_read, file_version, is_async, short_read_error, timeout_kw
+from .storage import (
+    FileSystems,
+    ObjectChanged,
+    cat_file_if_match,
+    cat_ranges_if_match,
+    check_short_read,
+    file_version,
+    if_match_etag,
+    is_async,
+    short_read_error,
+    timeout_kw,
+)
 
 log = logging.getLogger("streamshard")
 
@@ -494,11 +507,17 @@ async def _read_footer_async(
     """``read_footer`` as a coroutine on the filesystem's loop (the footer is parsed there too: ~0.1 ms)."""
     url, size = entry.url, entry.size
     fs, path = filesystems.resolve(url)
+    etag = if_match_etag(fs, entry.version)  # the footer of the object as listed, or none
 
     async def fetch(start: int, end: int) -> bytes:
         async def attempt(left: float) -> bytes:
             until = time.monotonic() + left
-            data = await asyncio.wait_for(fs._cat_file(path, start=start, end=end), left)
+            read = fs._cat_file(path, start=start, end=end) if etag is None else \
+                cat_file_if_match(fs, path, start, end, etag)
+            try:
+                data = await asyncio.wait_for(read, left)
+            except ObjectChanged:
+                raise _changed(url, size, entry.version) from None
             if len(data) != end - start:
                 try:
                     fs.invalidate_cache(path)
@@ -531,6 +550,12 @@ async def _read_footer_async(
     return footer
 
 
+def _changed(url: str, size: int, version: str) -> CatalogError:
+    """The error for a footer read the store refused because the object is no longer the one listed."""
+    return CatalogError(f"{url}: the file changed while it was cataloged (listed: {size} bytes, {version}; the "
+                        f"store refused to read its footer at that ETag); build the catalog again")
+
+
 def _footer_failure(url: str, exc: Exception, filesystems: FileSystems) -> CatalogError:
     """The ``CatalogError`` for a footer read that failed for good (permanently or out of retries)."""
     cause = exc.last if isinstance(exc, RetriesExhausted) else exc
@@ -546,8 +571,9 @@ def read_footer(
     retry: RetryPolicy | None = None,
     version: str = "",
 ) -> FileFooter:
-    """Read one file's footer with one ranged request for its tail (two if the footer is huge)."""
-    metadata, footer_length, exact = _fetch_metadata(url, size, filesystems, retry or RetryPolicy())
+    """Read one file's footer with one ranged request for its tail (two if the footer is huge); on S3, of the
+    object at ``version`` (its listed ETag: ``CatalogError`` if it changed since)."""
+    metadata, footer_length, exact = _fetch_metadata(url, size, filesystems, retry or RetryPolicy(), version)
     footer = _footer_from_metadata(url, size, metadata, footer_length, columns, version)
     SHARED_FOOTERS.put(url, size, version, exact)  # this process's readers need not fetch it again
     return footer
@@ -578,13 +604,22 @@ def _footer_from_metadata(
     )
 
 
-def _fetch_metadata(url: str, size: int, filesystems: FileSystems, policy: RetryPolicy) -> ParsedFooter:
+def _fetch_metadata(url: str, size: int, filesystems: FileSystems, policy: RetryPolicy,
+                    version: str = "") -> ParsedFooter:
     fs, path = filesystems.resolve(url)
+    etag = if_match_etag(fs, version)  # the footer of the object as listed, or none
 
     def fetch(start: int, end: int) -> bytes:
         def attempt(left: float) -> bytes:
             until = time.monotonic() + left
-            data = fs.cat_file(path, start=start, end=end, **timeout_kw(fs, left))
+            if etag is None:
+                data = fs.cat_file(path, start=start, end=end, **timeout_kw(fs, left))
+            else:
+                data = cat_ranges_if_match(fs, path, [start], [end], etag, left)[0]
+                if isinstance(data, ObjectChanged):
+                    raise _changed(url, size, version)
+                if isinstance(data, BaseException):
+                    raise data
             if len(data) != end - start:
                 check_short_read(fs, path, url, size, len(data), end - start, CatalogError, until - time.monotonic())
             return data

@@ -223,6 +223,14 @@ def cat_ranges_if_match(fs: Any, path: str, starts: list[int], ends: list[int], 
     return fsspec.asyn.sync(fs.loop, gather, timeout=max(float(timeout), 0.001))
 
 
+async def cat_file_if_match(fs: Any, path: str, start: int, end: int, etag: str) -> bytes:
+    """The bytes ``[start, end)`` by one GET conditioned on ``etag`` (a coroutine on ``fs``'s loop); a GET of
+    another version fails with ``ObjectChanged``. ``fs`` must be one ``if_match_etag`` accepted."""
+    if getattr(fs, "if_match_ranges", False):
+        return await fs._cat_file(path, start, end, if_match=etag)
+    return await _s3fs_get_if_match(fs, path, start, end, etag)
+
+
 def _is_s3fs(fs: Any) -> bool:
     try:
         from s3fs import S3FileSystem

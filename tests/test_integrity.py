@@ -17,10 +17,12 @@ import pyarrow.parquet as pq
 import pytest
 
 import streamshard as ss
+import streamshard.catalog as catalog_module
 from streamshard.catalog import Catalog
 from fsspec.implementations.local import LocalFileSystem
 
 from streamshard.delivery import deliver
+from streamshard.footer import SHARED_FOOTERS
 from streamshard.reader import RowGroupReader
 from streamshard.retry import RetryPolicy
 from streamshard.storage import REDACTION, FileSystems, LogRedaction
@@ -109,6 +111,35 @@ def test_an_s3_object_rewritten_at_the_same_size_is_refused_by_every_get_at_no_e
         assert proxy.count("HEAD") == 1  # after the refusal, to name the version the object has now
         with pytest.raises(ss.ReadError, match=both.format(0)):  # a reader that read the file before, too
             checked.read(1, 0)
+
+
+@pytest.mark.parametrize("backend", ["fsspec", "obstore"])
+@pytest.mark.parametrize("files", [1, 3])  # one file: read in this thread; several: on the filesystem's loop
+def test_an_s3_object_rewritten_between_listing_and_footer_read_fails_the_catalog_naming_it(
+        s3, tmp_path, monkeypatch, backend, files):
+    for i in range(files):
+        write_fixed(tmp_path / f"part-{i}.parquet", 100 * i)
+    prefix = f"listed-{backend}-{files}"
+    url = s3.upload(str(tmp_path), "versions-bucket", prefix)
+    target = f"versions-bucket/{prefix}/part-0.parquet"
+    list_entries = catalog_module.list_entries
+
+    def list_then_rewrite(*args, **kwargs):
+        entries = list_entries(*args, **kwargs)
+        write_fixed(tmp_path / "part-0.parquet", 10_000)  # same size: only the ETag tells
+        s3.filesystem().put_file(str(tmp_path / "part-0.parquet"), target)
+        return entries
+
+    monkeypatch.setattr(catalog_module, "list_entries", list_then_rewrite)
+    options = {**s3.storage_options, "backend": backend}
+    with pytest.raises(ss.CatalogError, match=r'part-0\.parquet: the file changed while it was cataloged \(listed: '
+                                              r'\d+ bytes, ETag="\w+"; the store refused') as err:
+        Catalog.build(url, None, options)
+    listed = re.search(r'ETag="\w+"', str(err.value)).group(0)
+    size = (tmp_path / "part-0.parquet").stat().st_size
+    assert SHARED_FOOTERS.get(f"s3://{target}", size, listed) is None  # no footer kept under the old ETag
+    monkeypatch.undo()
+    assert Catalog.build(url, None, options).num_rows == 100 * files  # listed again: the new object
 
 
 def test_an_s3fs_without_the_request_hook_for_if_match_fails_loudly_naming_its_version(s3, tmp_path, monkeypatch):
