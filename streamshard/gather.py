@@ -8,7 +8,10 @@ it (:func:`convert_read`, to flat numpy columns), and a batch is gathered from t
 (:class:`Gatherer`): one gather per per-row key, and each row's list items copied as one slice
 straight into its place in the padded output. A shuffle window's batches draw a few rows from each
 of its ~16-28 row groups, so the window's per-row columns (a few numbers per row) are joined once
-(:class:`_Window`) rather than gathered from every read per batch; list items stay where they are.
+(:class:`_Window`) rather than gathered from every read per batch. List items stay in their reads and
+are copied a slice per row, except short rows' (a few items each, where a slice per row is mostly
+Python): those are joined once per window too (at most ``_JOIN_BYTES``) and gathered per batch in one
+element gather.
 
 Schemas with inner list levels (lists of lists, whose entries hang off items rather than rows)
 keep the whole-batch conversion (``delivery.build``); :func:`gatherable` says which.
@@ -70,6 +73,7 @@ class Gatherer:
         self.keys = converter.keys
         self.items_of = converter.items_of
         self.lists = sorted({k for k in self.items_of.values() if k is not None})
+        self._item_keys = {lengths: [k for k in self.keys if self.items_of[k] == lengths] for lengths in self.lists}
         self.padded = not converter.flat_lists
         self._window: _Window | None = None
 
@@ -99,13 +103,11 @@ class Gatherer:
                 window = self._window = _Window(sorted(keys), parts, self.keys, self.items_of)
             rows = window.rows(spec.read, index)
             batch = self._rows([(window.columns, rows, slice(0, n))], size)
-            scattered: list[_Piece] | None = None
             for lengths_key in self.lists:
-                if int(batch[lengths_key].sum()) >= _SLICE_ROWS_FROM * n:
+                if window.joins(lengths_key, self._item_keys[lengths_key]):  # a few items a row
+                    self._window_gather(batch, lengths_key, window, rows)
+                else:
                     self._window_items(batch, lengths_key, window, rows)
-                else:  # a few items a row: one element gather per read
-                    scattered = window.pieces(rows) if scattered is None else scattered
-                    self._items(batch, lengths_key, scattered)
         batch = {key: batch[key] for key in self.keys}
         batch[SAMPLE_ID] = _with_padding(spec.sample_id, size)
         if spec.corpus is not None:
@@ -206,8 +208,30 @@ class Gatherer:
             _copy_spans(values, window.views(key), spans)
             batch[key] = values
 
+    def _window_gather(self, batch: dict[str, Any], lengths_key: str, window: _Window, rows: np.ndarray) -> None:
+        """``_items`` for the joined rows ``rows`` of a window of short rows: one element gather per
+        key from the window's items joined end to end (``_Window.items``), wherever the rows are."""
+        lengths = batch[lengths_key]
+        n, size = len(rows), len(lengths)
+        counts = lengths[:n].astype(np.int64, copy=False)
+        total = int(counts.sum())
+        before = np.cumsum(counts) - counts  # items of the batch's earlier rows
+        shift = np.arange(total, dtype=np.int64) - np.repeat(before, counts)  # each item's place in its row
+        source = np.repeat(window.item_starts(lengths_key)[rows], counts) + shift
+        width = int(lengths.max(initial=0)) if self.padded else None
+        target = np.repeat(np.arange(n, dtype=np.int64) * width, counts) + shift if width is not None else None
+        for key in self._item_keys[lengths_key]:
+            items = window.items(key)
+            if target is None:  # flat: the rows' items end to end, in order
+                batch[key] = np.take(items, source)
+            else:
+                values = np.zeros((size, width), dtype=items.dtype)
+                values.reshape(-1)[target] = np.take(items, source)
+                batch[key] = values
+
 
 _SLICE_ROWS_FROM = 32  # items per row, on average, from which rows are copied a slice each
+_JOIN_BYTES = 64 << 20  # at most this much of a shuffle window's short rows' items joined for gathering
 
 
 def _copy_spans(out: np.ndarray, sources: list[Any], spans: list[tuple[int, int, int, int]]) -> None:
@@ -266,6 +290,9 @@ class _Window:
         self.holds = frozenset(keys)
         self.parts = [parts[k] for k in keys]
         self._views: dict[str, list[Any]] = {}
+        self._items: dict[str, np.ndarray] = {}
+        self._joins: dict[str, bool] = {}
+        self._item_starts: dict[str, np.ndarray] = {}
         self.row_base = np.zeros(len(keys) + 1, dtype=np.int64)
         np.cumsum([p.rows for p in self.parts], out=self.row_base[1:])
         self.part = np.repeat(np.arange(len(keys)), np.diff(self.row_base))  # per joined row, its read
@@ -290,14 +317,32 @@ class _Window:
         """Joined row numbers of rows ``index`` of reads ``read``."""
         return index + self.row_base[np.searchsorted(self.keys, read)]
 
-    def pieces(self, rows: np.ndarray) -> list[_Piece]:
-        """Joined rows ``rows`` (the batch's, in order) as pieces of the reads they are in."""
-        part = np.searchsorted(self.row_base, rows, side="right") - 1
-        order = np.argsort(part, kind="stable")
-        grouped = part[order]
-        cut = np.flatnonzero(grouped[1:] != grouped[:-1]) + 1
-        return [_Piece(self.parts[int(grouped[a])], rows[order[a:b]] - self.row_base[grouped[a]], order[a:b])
-                for a, b in zip(np.r_[0, cut].tolist(), np.r_[cut, len(rows)].tolist())]
+    def joins(self, lengths: str, keys: list[str]) -> bool:
+        """Whether batches gather the items of list ``lengths`` (keys ``keys``) element by element
+        from the window's items joined end to end: when its rows hold few items on average (else a
+        slice per row costs less) and the joined copy stays within ``_JOIN_BYTES``."""
+        joins = self._joins.get(lengths)
+        if joins is None:
+            items = sum(int(p.offsets[lengths][-1]) for p in self.parts)
+            size = items * sum(self.parts[0].columns[k].itemsize for k in keys)
+            joins = self._joins[lengths] = items < _SLICE_ROWS_FROM * int(self.row_base[-1]) and size <= _JOIN_BYTES
+        return joins
+
+    def items(self, key: str) -> np.ndarray:
+        """The items of list key ``key`` of every read, end to end (made once per window)."""
+        joined = self._items.get(key)
+        if joined is None:
+            joined = self._items[key] = np.concatenate([p.columns[key] for p in self.parts])
+        return joined
+
+    def item_starts(self, lengths: str) -> np.ndarray:
+        """Per joined row, where its items of list ``lengths`` begin in ``items``."""
+        starts = self._item_starts.get(lengths)
+        if starts is None:
+            ends = np.cumsum([int(p.offsets[lengths][-1]) for p in self.parts])
+            base = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+            starts = self._item_starts[lengths] = self.starts[lengths] + base[self.part]
+        return starts
 
 
 def _with_padding(values: np.ndarray, size: int) -> torch.Tensor:

@@ -112,23 +112,27 @@ def batches(draw):
     return name, specs, tables
 
 
-@pytest.mark.parametrize("slice_rows_from", [0, 10**9])  # list items: a slice per row / one element gather
+# How list items are copied: (_SLICE_ROWS_FROM, _JOIN_BYTES). A slice per row; one element gather
+# (runs) and, in shuffle windows, from the window's items joined once; the same with no room to join.
+ITEM_PATHS = [(0, 64 << 20), (10**9, 64 << 20), (10**9, 0)]
+
+
+@pytest.mark.parametrize("item_path", ITEM_PATHS, ids=["slices", "gather-joined", "gather-no-room"])
 @pytest.mark.parametrize("lists", ["padded", "flat"])
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=batches())
-def test_gathered_batches_equal_converting_their_rows(lists, slice_rows_from, case):
+def test_gathered_batches_equal_converting_their_rows(lists, item_path, case):
     name, specs, tables = case
     converter = BatchConverter(TABLES[name].schema, lists=lists, inner_nulls="mask")
     assert gatherable(converter)
     gatherer = Gatherer(converter)
     parts = {k: convert_read(t, converter) for k, t in tables.items()}
-    kept, gather_module._SLICE_ROWS_FROM = gather_module._SLICE_ROWS_FROM, slice_rows_from
-    try:
+    with pytest.MonkeyPatch.context() as patch:  # per example (a fixture would span them all)
+        patch.setattr(gather_module, "_SLICE_ROWS_FROM", item_path[0])
+        patch.setattr(gather_module, "_JOIN_BYTES", item_path[1])
         for spec in specs:  # batch after batch of one pass, one window after another
             want = build(spec, {k: tables[k] for k in spec.reads}, converter)
             _check_same(gatherer.build(spec, {k: parts[k] for k in spec.reads}), want)
-    finally:
-        gather_module._SLICE_ROWS_FROM = kept
 
 
 def test_a_window_moves_on_when_a_batch_reaches_into_the_next_one():
