@@ -22,7 +22,7 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -36,6 +36,7 @@ from .reader import ReadStats
 from .tensors import Batch, BatchConverter
 
 _MAX_LOOKAHEAD = 64  # batch specs computed ahead to find the next reads, for schedules without upcoming_reads
+_PENDING = object()  # not resolved yet
 
 
 @dataclass
@@ -89,6 +90,7 @@ def deliver(
     submitted: set[int] = set()  # keys read this pass (a finished read is never read again)
     lookahead: deque[BatchSpec] = deque()
     pool = ThreadPoolExecutor(max_workers=read_ahead, thread_name_prefix="streamshard-read") if read_ahead else None
+    resolved: dict[int, Any] = {}  # finished reads' results (a Future's result() locks, per batch and read)
     template: Batch | None = None
     exhausted = False
     failed: list[BaseException] = []  # the first failed read: the pass ends there
@@ -105,6 +107,15 @@ def deliver(
     def submit(key: int, what: Read) -> None:
         submitted.add(key)
         pending[key] = pool.submit(guarded, what) if pool is not None else _Ready(read(what))
+
+    def results(keys: Iterable[int]) -> dict[int, Any]:
+        out = {}
+        for key in keys:
+            value = resolved.get(key, _PENDING)
+            if value is _PENDING:
+                value = resolved[key] = pending[key].result()
+            out[key] = value
+        return out
 
     def pull() -> bool:
         nonlocal exhausted
@@ -144,7 +155,7 @@ def deliver(
             lookahead.popleft()
             if assemble is not None:
                 waited = time.perf_counter()
-                tables = {k: pending[k].result() for k in spec.reads}
+                tables = results(spec.reads)
                 converting = time.perf_counter()
                 batch = assemble(spec, tables)
                 if stats is not None:
@@ -153,7 +164,7 @@ def deliver(
             elif spec.rows:
                 assert convert is not None  # every stream without its own assemble converts Arrow rows
                 waited = time.perf_counter()
-                tables = {k: pending[k].result() for k in spec.reads}
+                tables = results(spec.reads)
                 converting = time.perf_counter()
                 if gatherer is not None:
                     batch = gatherer.build(spec, tables)
@@ -170,6 +181,7 @@ def deliver(
                 batch = pad_batch(template, spec.padding, convert)
             for key in spec.done:
                 pending.pop(key, None)
+                resolved.pop(key, None)
             if stats is not None:
                 stats.rows += spec.rows
                 stats.batches += 1
@@ -180,6 +192,7 @@ def deliver(
             if isinstance(future, Future):
                 future.cancel()
         pending.clear()
+        resolved.clear()
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 
