@@ -65,7 +65,9 @@ class ParquetStream(PlannedStream):
         rank, world_size: default to torch.distributed, then RANK/WORLD_SIZE, then 0/1.
         storage_options: passed to fsspec (credentials, endpoint_url, ...).
         transform: called on each batch inside the worker (padding batches included).
-        read_ahead: row groups read in the background ahead of the one being consumed.
+        read_ahead: row groups read in the background ahead of the one being consumed. The row
+            groups one batch needs together (a shuffle window's) are read concurrently (up to 32),
+            whatever ``read_ahead`` is.
         shuffle_window: with shuffle, interleave the rows of this many consecutive pieces (row
             groups) of a worker at random: no extra I/O, and a worker holds that many decoded row
             groups at once (plus ``read_ahead``); a window takes more pieces when one would dominate

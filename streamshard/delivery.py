@@ -37,6 +37,11 @@ from .tensors import Batch, BatchConverter
 
 _MAX_LOOKAHEAD = 64  # batch specs computed ahead to find the next reads, for schedules without upcoming_reads
 _PENDING = object()  # not resolved yet
+# Read threads beyond ``read_ahead``, for the reads one batch needs together (a shuffle window's ~16-28
+# row groups at its start): these run at once rather than ``read_ahead`` at a time, which on object
+# storage is a round trip per ``read_ahead`` reads. They hold nothing more (the batch needs them all);
+# threads start only as reads wait for one.
+_TOGETHER = 32
 
 
 @dataclass
@@ -89,7 +94,8 @@ def deliver(
     pending: dict[int, Future | _Ready] = {}
     submitted: set[int] = set()  # keys read this pass (a finished read is never read again)
     lookahead: deque[BatchSpec] = deque()
-    pool = ThreadPoolExecutor(max_workers=read_ahead, thread_name_prefix="streamshard-read") if read_ahead else None
+    pool = (ThreadPoolExecutor(max_workers=read_ahead + _TOGETHER, thread_name_prefix="streamshard-read")
+            if read_ahead else None)
     resolved: dict[int, Any] = {}  # finished reads' results (a Future's result() locks, per batch and read)
     template: Batch | None = None
     exhausted = False

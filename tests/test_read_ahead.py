@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -36,3 +37,33 @@ def test_the_next_row_groups_are_read_while_the_first_one_is_delivered(tmp_path,
                                                 shuffle_window=1)
     assert read == 3, f"{read} row groups read by the first batch: read-ahead did not reach the next ones"
     assert sorted(ids) == list(range(20_000))  # and each row still arrives once
+
+
+def test_a_shuffle_windows_row_groups_are_read_at_once_whatever_read_ahead(tmp_path, monkeypatch):
+    """A shuffled batch draws from every row group of its window, so all of them are needed before
+    the first batch: they are read concurrently, not ``read_ahead`` at a time (on object storage,
+    one round trip per ``read_ahead`` reads)."""
+    from streamshard.reader import RowGroupReader
+
+    write_corpus(str(tmp_path), [[500] * 4] * 4)  # 16 row groups: one shuffle window
+    inner = RowGroupReader.read
+    lock, running, most = threading.Lock(), [0], [0]
+
+    def slow_read(self, *args, **kwargs):  # a store with ~0.2 s per request
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        try:
+            time.sleep(0.2)
+            return inner(self, *args, **kwargs)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(RowGroupReader, "read", slow_read)
+    ds = ss.ParquetStream(str(tmp_path), columns=["id"], rank=0, world_size=1, batch_size=64, read_ahead=1,
+                          shuffle=True, shuffle_window=16)
+    ds.set_epoch(0)
+    ids = [int(i) for b in ds for i in b["id"][b["sample_id"] >= 0]]
+    assert sorted(ids) == list(range(8_000))
+    assert most[0] >= 16, f"at most {most[0]} of the window's 16 row groups were read at once"
