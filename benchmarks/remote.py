@@ -26,6 +26,7 @@ table, writes ``benchmarks/out/remote.json``.
     .venv/bin/python benchmarks/remote.py --catalog-only --backends obstore   # the cold/warm catalog only
     .venv/bin/python benchmarks/remote.py --no-catalog --ab shared-footers,if-match,shared-footers+if-match
     .venv/bin/python benchmarks/remote.py --reader-cpu --no-catalog   # CPU per row group, one reader, one thread
+    .venv/bin/python benchmarks/remote.py --no-catalog --shuffle      # the stream epochs with shuffle=True
 """
 
 from __future__ import annotations
@@ -129,9 +130,11 @@ class Accounting:
 # -- StreamLoader ---------------------------------------------------------------------------------
 
 
-def stream_epoch(paths: str, options: dict, catalog_rgs: int, server_pid: int | None = None, proxy=None) -> dict:
+def stream_epoch(paths: str, options: dict, catalog_rgs: int, server_pid: int | None = None, proxy=None,
+                 shuffle: bool = False) -> dict:
     """One epoch of ``StreamLoader(ds, num_workers=2)`` (thread workers), every row checked once."""
-    ds = ParquetStream(paths, columns=COLUMNS, rank=0, world_size=1, storage_options=options, read_ahead=READ_AHEAD)
+    ds = ParquetStream(paths, columns=COLUMNS, rank=0, world_size=1, storage_options=options, read_ahead=READ_AHEAD,
+                       shuffle=shuffle)
     reads: dict[int, Any] = {}
     ds.stats_hook = lambda stats: reads.setdefault(stats.worker, stats.reads)
     ds.set_epoch(0)  # the catalog is read here, before the clock and the counters start
@@ -357,6 +360,8 @@ def main() -> None:
     parser.add_argument("--proxy-in-process", action="store_true",
                         help="run the latency proxy in this process (its CPU then counts as the client's)")
     parser.add_argument("--repeats", type=int, default=None, help="epochs of each configuration (the best is kept)")
+    parser.add_argument("--shuffle", action="store_true",
+                        help="stream epochs with shuffle=True (the raw pyarrow epochs read in file order either way)")
     parser.add_argument("--reader-cpu", action="store_true",
                         help="instead of epochs: CPU per row group of one reader in one thread, no proxy")
     parser.add_argument("--ab", default="", help=f"comma-separated reader features to also measure switched off, "
@@ -373,6 +378,7 @@ def main() -> None:
                                     else (LAYOUT, SMALL_FILES, REPEATS))
     repeats = args.repeats or repeats
     out: dict = {"latency_ms": LATENCY * 1000, "server": args.server, "read_ahead": READ_AHEAD, "backends": backends,
+                 "shuffle": args.shuffle,
                  "layout": f"{len(layout)} files x {len(layout[0])} row groups x {layout[0][0]} rows",
                  "proxy": "in process" if args.proxy_in_process else "child process", "repeats": repeats,
                  "load_average_before": os.getloadavg()}
@@ -396,13 +402,14 @@ def main() -> None:
                           for b in backends}
                 out["reader_cpu"] = reader_cpu(local, url, direct, repeats)
             elif not args.catalog_only:
-                out["epochs"] = epochs(local, url, s3, proxy, options, repeats, without)
+                out["epochs"] = epochs(local, url, s3, proxy, options, repeats, without, args.shuffle)
             if not args.no_catalog:
                 out["catalog"] = {b: catalogs(options[b], proxy, s3.pid, os.path.join(tmp, b), repeats) for b in backends}
     finish(out, args)
 
 
-def epochs(local: str, url: str, s3, proxy, options: dict[str, dict], repeats: int, without: list[str] = ()) -> dict:
+def epochs(local: str, url: str, s3, proxy, options: dict[str, dict], repeats: int, without: list[str] = (),
+           shuffle: bool = False) -> dict:
     """Every configuration once per round (interleaved: the machine is shared), best of ``repeats``; the S3
     runs also without each feature named in ``without`` (``WITHOUT``), for an A/B in the same rounds."""
     catalog = Catalog.build(local, COLUMNS)
@@ -413,10 +420,10 @@ def epochs(local: str, url: str, s3, proxy, options: dict[str, dict], repeats: i
     pool = RawPool(2)
     runs: dict[str, list[dict]] = {}
     try:
-        configs = [("local", lambda: stream_epoch(local, {}, rgs))]
-        configs += [(f"s3 {b}", lambda b=b: stream_epoch(url, options[b], rgs, s3.pid, proxy)) for b in options]
+        configs = [("local", lambda: stream_epoch(local, {}, rgs, shuffle=shuffle))]
+        configs += [(f"s3 {b}", lambda b=b: stream_epoch(url, options[b], rgs, s3.pid, proxy, shuffle)) for b in options]
         configs += [(f"s3 {b} -{feature}", lambda b=b, f=feature: without_feature(f, lambda: stream_epoch(
-            url, options[b], rgs, s3.pid, proxy))) for feature in without for b in options]
+            url, options[b], rgs, s3.pid, proxy, shuffle))) for feature in without for b in options]
         for mode in ("decode", "padded"):
             configs += [(f"raw {mode} local", lambda m=mode: pool.epoch(local_files, None, m, rgs)),
                         (f"raw {mode} s3", lambda m=mode: pool.epoch(s3_files, raw_s3, m, rgs, s3.pid, proxy, projected))]
@@ -468,7 +475,7 @@ def finish(out: dict, args) -> None:
     print_table(out)
     Path("benchmarks/out").mkdir(parents=True, exist_ok=True)
     name = ("remote" + ("-catalog" if args.catalog_only else "") + ("-reader-cpu" if args.reader_cpu else "")
-            + ("-quick" if args.quick else ""))
+            + ("-shuffle" if args.shuffle else "") + ("-quick" if args.quick else ""))
     Path(f"benchmarks/out/{name}.json").write_text(json.dumps(out, indent=2))
 
 
@@ -478,7 +485,7 @@ def print_table(out: dict) -> None:
     if "epochs" in out:
         e = out["epochs"]
         print(f"{out['layout']} ({e['row_groups']} row groups); columns {COLUMNS}; StreamLoader(num_workers=2), "
-              f"read_ahead={READ_AHEAD}; best of {out['repeats']}")
+              f"read_ahead={READ_AHEAD}{', shuffle=True' if out.get('shuffle') else ''}; best of {out['repeats']}")
         print(f"{'run':34} {'rows/s':>9} {'x local':>8} {'x raw s3 decode/padded':>23} {'req/rg':>7} {'KiB/rg':>7} {'client CPU ms/rg':>17} "
               f"{'CPU s: client/server/proxy':>27} {'RSS +MiB':>9} {'load':>5}")
         for name, r in e["runs"].items():
