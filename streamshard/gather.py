@@ -148,7 +148,7 @@ class Gatherer:
         width = int(lengths.max(initial=0)) if self.padded else None
         starts = np.zeros(size + 1, dtype=np.int64)
         np.cumsum(lengths, out=starts[1:])
-        keys = [k for k in self.keys if self.items_of[k] == lengths_key]
+        keys = self._item_keys[lengths_key]
         outs = {k: np.zeros((size, width), dtype=pieces[0].source.columns[k].dtype) if width is not None
                 else np.empty(total, dtype=pieces[0].source.columns[k].dtype) for k in keys}
         for piece in pieces:
@@ -202,7 +202,7 @@ class Gatherer:
             first = np.arange(n, dtype=np.int64) * width
         spans = list(zip(window.part[rows].tolist(), window.starts[lengths_key][rows].tolist(),
                          lengths[:n].tolist(), first.tolist()))
-        for key in (k for k in self.keys if self.items_of[k] == lengths_key):
+        for key in self._item_keys[lengths_key]:
             dtype = window.parts[0].columns[key].dtype
             values = np.zeros((size, width), dtype=dtype) if width is not None else np.empty(int(lengths.sum()), dtype=dtype)
             _copy_spans(values, window.views(key), spans)
