@@ -9,8 +9,9 @@ One producer thread advances every worker's pass in turn. What a pass does betwe
 schedule, gathering rows into tensors) is Python and numpy that mostly holds the GIL, so threads
 doing it take turns: on 2 cores one producer was as fast as a thread per worker (interleaved A/B,
 2 workers: 353k vs 359k rows/s unshuffled, 183k vs 182k shuffled), with fewer threads. The
-decoding, the bulk of the work, stays parallel: ``read_ahead`` reads in flight per worker. A
-batch is handed over as soon as it is ready; the loop's thread is woken only when it waits.
+decoding, the bulk of the work, stays parallel: ``read_ahead`` reads in flight per worker. The
+passes start together (each worker's first batch in a thread of its own), so their first reads
+overlap. A batch is handed over as soon as it is ready; the loop's thread is woken only when it waits.
 
 The order is the one DataLoader gives process workers, round robin over workers (every worker
 yields the same number of batches), so a checkpoint does not depend on the kind of worker. A
@@ -57,6 +58,33 @@ def _nbytes(batch: Any) -> int:
     return 0
 
 
+def _first_batches(passes: list[Iterator[Any]]) -> list[tuple[str, Any]]:
+    """Each pass's first batch (``("batch", b)``, ``("end", None)`` or ``("error", exc)``), made at once.
+
+    A pass starts reading only when first advanced, and its first batch waits for those reads: in
+    turn, every worker after the first would wait for its own (a round trip each on object storage)
+    while the others' reads sat finished. So the passes start together, each in a thread of its own."""
+    firsts: list[tuple[str, Any]] = [("end", None)] * len(passes)
+
+    def first(i: int) -> None:
+        try:
+            firsts[i] = ("batch", next(passes[i]))
+        except StopIteration:
+            firsts[i] = ("end", None)
+        except BaseException as exc:  # noqa: BLE001 - raised in its turn, with its own type
+            firsts[i] = ("error", exc)
+
+    threads = [threading.Thread(target=first, args=(i,), name=f"streamshard-start-{i}", daemon=True)
+               for i in range(1, len(passes))]
+    for thread in threads:
+        thread.start()
+    if passes:
+        first(0)
+    for thread in threads:
+        thread.join()
+    return firsts
+
+
 def round_robin(passes: list[Iterator[Any]], depth: int, timeout: float = 0) -> Iterator[Any]:
     """Run the iterators of ``passes`` in one background thread, in turn, and yield their batches
     round robin (worker 0, 1, ..., 0, 1, ...; an exhausted worker is skipped). Up to 8 ``depth``
@@ -78,6 +106,13 @@ def round_robin(passes: list[Iterator[Any]], depth: int, timeout: float = 0) -> 
 
     def in_turn() -> Iterator[Any]:
         active = list(passes)
+        for batches, (kind, value) in zip(passes, _first_batches(passes)):
+            if kind == "end":
+                active.remove(batches)
+            elif kind == "error":
+                raise value
+            else:
+                yield value
         while active:
             for batches in list(active):
                 try:

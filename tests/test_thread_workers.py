@@ -172,3 +172,33 @@ def test_a_ready_batch_reaches_the_loop_while_its_worker_waits_for_the_next_read
         if batch["i"] == 1:
             released.set()
     assert got == [0, 1, 2]
+
+
+def test_the_workers_start_together_so_their_first_reads_overlap():
+    """A worker's first batch waits for its first reads: the workers start at once, not each after
+    the one before has delivered (on object storage, a round trip per worker), and the order and a
+    first-batch error or an empty worker are what they were."""
+    from streamshard.thread_workers import round_robin
+
+    began, first_done = {}, {}
+
+    def worker(w, n, fail_first=False):
+        began[w] = time.monotonic()
+        time.sleep(0.3)  # its first reads
+        first_done[w] = time.monotonic()
+        if fail_first:
+            raise KeyError(f"worker {w} broke")
+        for i in range(n):
+            yield {"w": w, "i": i}
+
+    got = [(b["w"], b["i"]) for b in round_robin([worker(w, 4) for w in range(3)], depth=2)]
+    assert got == [(w, i) for i in range(4) for w in range(3)]
+    assert max(began.values()) < min(first_done.values()), "a worker started only after another's first batch"
+
+    got = []
+    with pytest.raises(KeyError, match="worker 1 broke"):
+        for b in round_robin([worker(0, 3), worker(1, 3, fail_first=True), worker(2, 3)], depth=2):
+            got.append((b["w"], b["i"]))
+    assert got == [(0, 0)]
+    got = [(b["w"], b["i"]) for b in round_robin([worker(0, 2), worker(1, 0), worker(2, 3)], depth=2)]
+    assert got == [(0, 0), (2, 0), (0, 1), (2, 1), (2, 2)]
