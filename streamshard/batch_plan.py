@@ -13,13 +13,13 @@ batch needs (``done``), so the reader holds only what is still to be delivered.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
 
 from .plan import EpochPlan
+from .sized_lru import SizedLRU
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 _PART_ROWS_KEPT = 32  # reads (with partial pieces' owned-row arrays) a schedule keeps: a window's worth
@@ -32,20 +32,15 @@ class _PartRows:
 
     def __init__(self, plan: EpochPlan) -> None:
         self.plan = plan
-        self._kept: OrderedDict[tuple[int, int, int], Read] = OrderedDict()
-        self._rows_held = 0  # owned-row numbers the kept reads hold
+        self._kept: SizedLRU[tuple[int, int, int], Read] = SizedLRU(
+            _PART_ROWS_HELD, lambda read: 0 if read.rows is None else len(read.rows), _PART_ROWS_KEPT)
 
     def read(self, rg: int, lo: int, hi: int) -> Read:
         key = (rg, lo, hi)
         read = self._kept.get(key)
         if read is None:
-            read = self._kept[key] = Read(0, rg, rows=self.plan.piece_rows(rg, lo, hi))
-            self._rows_held += 0 if read.rows is None else len(read.rows)
-            while len(self._kept) > _PART_ROWS_KEPT or (self._rows_held > _PART_ROWS_HELD and len(self._kept) > 1):
-                gone = self._kept.popitem(last=False)[1]
-                self._rows_held -= 0 if gone.rows is None else len(gone.rows)
-        else:
-            self._kept.move_to_end(key)
+            read = Read(0, rg, rows=self.plan.piece_rows(rg, lo, hi))
+            self._kept.put(key, read)
         return read
 
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from .sized_lru import SizedLRU
 
 # Bytes of a file's tail fetched to find its footer when its length is not known yet (the catalog's
 # first read; a reader without the catalog's layout). The footer of a narrow or medium schema fits, so
@@ -163,21 +164,25 @@ class SharedFooters:
     """
 
     def __init__(self, budget: int = SHARED_FOOTER_BYTES) -> None:
-        self.budget = budget  # 0 turns the sharing off
-        self._tails: OrderedDict[tuple[str, int, str], bytes] = OrderedDict()
+        self._tails: SizedLRU[tuple[str, int, str], bytes] = SizedLRU(budget, len)
         self._pending: dict[tuple[str, int, str], Future[bytes | None]] = {}  # footers being fetched
-        self._bytes = 0
         self._lock = threading.Lock()
+
+    @property
+    def budget(self) -> int:
+        """Bytes of footers kept at most; 0 turns the sharing off."""
+        return self._tails.max_size
+
+    @budget.setter
+    def budget(self, value: int) -> None:
+        self._tails.max_size = value
 
     def get(self, url: str, size: int, version: str | None) -> bytes | None:
         """The file's last ``footer_length + 8`` bytes as stored at this size and version, or None."""
         if not version or not self.budget:
             return None
         with self._lock:
-            tail = self._tails.get((url, int(size), version))
-            if tail is not None:
-                self._tails.move_to_end((url, int(size), version))
-            return tail
+            return self._tails.get((url, int(size), version))
 
     def claim(self, url: str, size: int, version: str | None) -> tuple[bytes | None, Future[bytes | None] | None]:
         """``(tail, None)`` when kept; ``(None, future)`` while another thread fetches it (the future gives
@@ -189,7 +194,6 @@ class SharedFooters:
         with self._lock:
             tail = self._tails.get(key)
             if tail is not None:
-                self._tails.move_to_end(key)
                 return tail, None
             pending = self._pending.get(key)
             if pending is not None:
@@ -210,18 +214,12 @@ class SharedFooters:
         """Keep ``tail`` (a file's exact footer bytes, read at ``version``), evicting the oldest over budget."""
         if not version or len(tail) > self.budget:
             return
-        key = (url, int(size), version)
         with self._lock:
-            old = self._tails.pop(key, None)
-            self._bytes += len(tail) - (0 if old is None else len(old))
-            self._tails[key] = bytes(tail)
-            while self._bytes > self.budget:
-                self._bytes -= len(self._tails.popitem(last=False)[1])
+            self._tails.put((url, int(size), version), bytes(tail))
 
     def clear(self) -> None:
         with self._lock:
             self._tails.clear()
-            self._bytes = 0
 
     def __len__(self) -> int:
         return len(self._tails)
@@ -230,7 +228,6 @@ class SharedFooters:
         # A lock held by another thread at the fork stays held in the child: start with a new one.
         self._lock = threading.Lock()
         self._pending = {}  # the threads fetching them are not in this process
-        self._bytes = sum(len(t) for t in self._tails.values())
 
 
 SHARED_FOOTERS = SharedFooters()

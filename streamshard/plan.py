@@ -20,13 +20,13 @@ different topology is the same planning problem.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
 from .permutation import Permutation, mix_seed
+from .sized_lru import SizedLRU
 from .unit_order import spread_order, window_starts
 from .validate import check_int
 
@@ -142,8 +142,8 @@ class EpochPlan:
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         self.layout, self.config, self.epoch, self.num_workers = layout, config, epoch, num_workers
-        self._row_orders: OrderedDict[int, np.ndarray] = OrderedDict()  # recent row groups' row orders
-        self._row_orders_lock = threading.Lock()
+        self._row_orders: SizedLRU[int, np.ndarray] = SizedLRU(_ROW_ORDER_CACHE, len)  # recent groups' row orders
+        self._row_orders_lock = threading.Lock()  # a plan's schedules may run in several threads
         self.stream = stream if stream is not None else initial_stream(layout, config, epoch)
         self.ends = np.cumsum(self.stream.rows, dtype=np.int64)
         self.total_rows = int(self.ends[-1]) if len(self.ends) else 0
@@ -322,18 +322,13 @@ class EpochPlan:
         n = int(self.layout.rg_rows[group])
         with self._row_orders_lock:
             order = self._row_orders.get(group)
-            if order is not None:
-                self._row_orders.move_to_end(group)
         if order is None:
             permutation = Permutation(n, mix_seed(self.config.seed, self.epoch, _ROW_ORDER, group))
-            if n > _ROW_ORDER_CACHE // 8:  # a huge group: only the positions asked for
+            if n > self._row_orders.max_size // 8:  # a huge group: only the positions asked for
                 return permutation[positions]
             order = permutation[np.arange(n, dtype=np.int64)]
             with self._row_orders_lock:
-                self._row_orders[group] = order
-                held = sum(len(o) for o in self._row_orders.values())
-                while held > _ROW_ORDER_CACHE and len(self._row_orders) > 1:
-                    held -= len(self._row_orders.popitem(last=False)[1])
+                self._row_orders.put(group, order)
         return order[positions]
 
 

@@ -237,10 +237,10 @@ def test_kept_row_orders_give_the_rows_of_the_row_groups_own_permutation(layout,
 
     lay = make_layout(layout)
     assume(lay.rg_rows.sum() > 0)
-    plan = EpochPlan(lay, PlanConfig(shuffle=True, seed=seed), epoch, 1)
     groups = np.flatnonzero(lay.rg_rows)
     kept, plan_module._ROW_ORDER_CACHE = plan_module._ROW_ORDER_CACHE, cache
     try:
+        plan = EpochPlan(lay, PlanConfig(shuffle=True, seed=seed), epoch, 1)  # its cache takes the bound
         for _ in range(data.draw(st.integers(1, 6))):  # batch after batch, a few rows of a few groups each
             rg = np.array(data.draw(st.lists(st.sampled_from(groups.tolist()), min_size=1, max_size=30)), dtype=np.int64)
             positions = np.array([data.draw(st.integers(0, int(lay.rg_rows[g]) - 1)) for g in rg], dtype=np.int64)
