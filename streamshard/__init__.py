@@ -6,7 +6,7 @@ from .blend_schedule import BlendSchedule, blend_counts
 from .cache import ActivationCache, CacheStats, module_fingerprint
 from .catalog import Catalog
 from .dataset import ParquetStream
-from .errors import CatalogError, ConversionError, ReadError, StateError, StreamshardError
+from .errors import CatalogError, ConversionError, ReadError, StateError, StreamshardError, TopologyError
 from .loader import StreamLoader
 from .packed import PackedStream, cu_seqlens
 from .permutation import Permutation, mix_seed
@@ -31,6 +31,7 @@ __all__ = [
     "StateError",
     "StreamLoader",
     "StreamshardError",
+    "TopologyError",
     "blend_counts",
     "blend_length",
     "cu_seqlens",

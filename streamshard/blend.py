@@ -79,7 +79,7 @@ class BlendedStream(PlannedStream):
                 raise ValueError(f"corpus {name!r} of a BlendedStream has its own transform; batches mix corpora, "
                                  "so pass transform= to BlendedStream instead")
         self.stop, self.order, self.transform = stop, order, transform
-        self.rank, self.world_size = _topology(self.names, self.datasets, rank, world_size)
+        self._use_topology(*_topology_args(self.datasets, rank, world_size))
         self._checked = False
         self._planner: Planner | None = None
 
@@ -142,7 +142,7 @@ class BlendedStream(PlannedStream):
     def schedule(self, worker_id: int = 0, num_workers: int = 0) -> BlendBatches:
         """The exact batches DataLoader worker ``worker_id`` of this rank delivers in this pass, without
         reading anything: ``sample_ids()`` and each spec's ``corpus`` simulate it."""
-        return self.blend_batches(self._start(worker_id, num_workers))
+        return self.blend_batches(self._start(self.origin(), worker_id, num_workers))
 
     # -- iteration ----------------------------------------------------------------------------
     def _deliver(self, start: Start) -> Iterator[Any]:
@@ -191,23 +191,21 @@ class BlendedStream(PlannedStream):
         self._checked = True
 
 
-def _topology(names: tuple[str, ...], datasets: list[ParquetStream], rank: int | None,
-              world_size: int | None) -> tuple[int, int]:
-    """The blend's (rank, world size): explicit, else the corpora's explicit one; disagreement raises."""
-    given = {(ds.rank, ds.world_size) for ds in datasets if ds._topology_given}
+def _topology_args(datasets: list[ParquetStream], rank: int | None,
+                   world_size: int | None) -> tuple[int | None, int | None]:
+    """The blend's (rank, world size) arguments: explicit, else the corpora's explicit one (None: the
+    default, resolved on first use); disagreement raises."""
+    given = {ds._rank_args for ds in datasets if ds._topology_given}
     if len(given) > 1:
         raise ValueError(f"the corpora of a BlendedStream were built for different ranks/world sizes: {sorted(given)}; "
                          "build them alike, or leave rank/world_size to the BlendedStream")
-    if given:
-        (part_rank, part_world), = given
-        if rank is None and world_size is None:
-            return part_rank, part_world
-        mine = resolve_rank_world(rank, world_size)
-        if mine != (part_rank, part_world):
-            raise ValueError(f"BlendedStream(rank={mine[0]}, world_size={mine[1]}) disagrees with its corpora, built "
-                             f"for rank {part_rank} of {part_world}")
-        return mine
-    return resolve_rank_world(rank, world_size)
+    if not given:
+        return rank, world_size
+    (part_rank, part_world), = given
+    if (rank is not None or world_size is not None) and resolve_rank_world(rank, world_size) != (part_rank, part_world):
+        raise ValueError(f"BlendedStream(rank={rank}, world_size={world_size}) disagrees with its corpora, built "
+                         f"for rank {part_rank} of {part_world}")
+    return part_rank, part_world
 
 
 def _check_datasets(datasets: Any) -> tuple[tuple[str, ...], list[ParquetStream]]:

@@ -28,7 +28,7 @@ from .resume import Planner, Start
 from .schema import parse_cast, read_as
 from .stream_base import PlannedStream
 from .tensors import Batch, BatchConverter, check_conversion_options
-from .topology import Topology, current_worker, distributed_rank_world, resolve_rank_world
+from .topology import Topology, current_worker, distributed_rank_world
 from .validate import check_int
 
 log = logging.getLogger("streamshard")
@@ -62,7 +62,10 @@ class ParquetStream(PlannedStream):
             (seed, epoch).
         uneven: "pad" (padding batches, sample_id -1) or "drop" (every worker truncated to the
             smallest count; ``epoch_summary`` reports the dropped rows and a warning is logged).
-        rank, world_size: default to torch.distributed, then RANK/WORLD_SIZE, then 0/1.
+        rank, world_size: the data-parallel rank and size. Default: torch.distributed, then
+            RANK/WORLD_SIZE, then 0/1; a process that is one of several but has no RANK yet (Lightning's
+            DDP processes before init_process_group) resolves it on first use, or raises
+            ``TopologyError``, never reading as rank 0.
         storage_options: passed to fsspec (credentials, endpoint_url, ...).
         transform: called on each batch inside the worker (padding batches included).
         read_ahead: row groups read in the background ahead of the one being consumed. The row
@@ -131,9 +134,8 @@ class ParquetStream(PlannedStream):
         self.columns = list(columns) if columns is not None else None
         self.config = PlanConfig(unit=unit, shuffle=bool(shuffle), seed=seed, batch_size=batch_size, uneven=uneven,
                                  shuffle_window=shuffle_window)
-        super().__init__()
+        super().__init__(rank, world_size)
         self._topology_given = rank is not None and world_size is not None
-        self.rank, self.world_size = resolve_rank_world(rank, world_size)
         self.storage_options = dict(storage_options or {})
         self.transform = transform
         self.catalog_cache = catalog_cache

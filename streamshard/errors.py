@@ -21,3 +21,7 @@ class ConversionError(StreamshardError, TypeError):
 
 class StateError(StreamshardError, ValueError):
     """A checkpoint state is malformed, out of range, or does not fit this dataset (field named)."""
+
+
+class TopologyError(StreamshardError, RuntimeError):
+    """The data-parallel rank is not known yet (or contradicts itself); the message names the variables."""

@@ -18,6 +18,9 @@ break-and-continue are the same code for both.
 
 from __future__ import annotations
 
+import weakref
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Protocol
 
 import torch
@@ -26,51 +29,74 @@ from torch.utils.data import DataLoader, IterableDataset
 from .errors import StateError
 from .handoff import mapped_bytes
 from .prefetch import DevicePrefetcher
+from .resume import Position
 from .sampler import ElasticSampler
 from .thread_workers import round_robin
 from .validate import check_bool, check_int
 
 
 class StreamSource(Protocol):
-    """What ``StreamLoader`` needs from a stream (``ParquetStream``, ``BlendedStream``, ...)."""
+    """What ``StreamLoader`` needs from a stream (``ParquetStream``, ``BlendedStream``, ``PackedStream``):
+    ``stream_base.PlannedStream``'s pass arithmetic."""
 
     @property
     def epoch(self) -> int: ...
 
     def set_epoch(self, epoch: int) -> None: ...
 
-    def steps_per_epoch(self, num_workers: int = 0) -> int: ...
-
-    def loader_state(self, consumed_batches: int, num_workers: int) -> dict[str, Any]: ...
-
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+    def origin(self) -> Position: ...
+
+    def take_origin(self) -> Position: ...
+
+    def pass_batches(self, origin: Position, num_workers: int) -> int: ...
+
+    def batches_before(self, origin: Position) -> int: ...
+
+    def position_after(self, origin: Position, consumed: int, num_workers: int) -> Position: ...
+
+    def rank_state(self, position: Position) -> dict[str, Any]: ...
+
+    def worker_passes(self, num_workers: int, origin: Position) -> list[Iterator[Any]]: ...
+
+    def handing_over(self, origin: Position) -> AbstractContextManager[None]: ...
 
 
 class _Source(Protocol):
     """What the loader drives: a stream, or a map-style dataset with its sampler.
 
-    ``steps_per_epoch`` and ``loader_state`` count from the position the current pass started at
-    (a loaded state, else the start of the epoch); ``begin_pass`` is called before every pass.
+    An *origin* is where a pass starts (opaque to the loader): ``origin()`` is the next pass's (a
+    loaded state the source keeps pending, else the epoch's beginning); the loader remembers the
+    running pass's origin and how many batches it handed out, and asks the source the rest.
     """
+
+    threadable: bool
 
     @property
     def epoch(self) -> int: ...
 
     def set_epoch(self, epoch: int) -> None: ...
 
-    def steps_per_epoch(self, num_workers: int) -> int: ...
-
-    def loader_state(self, consumed_batches: int, num_workers: int) -> dict[str, Any]: ...
-
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
-    def begin_pass(self) -> None: ...
+    def origin(self) -> Any: ...
 
-    def data_loader(self, **kwargs: Any) -> DataLoader: ...
+    def take_origin(self) -> Any: ...
+
+    def pass_batches(self, origin: Any, num_workers: int) -> int: ...
+
+    def batches_before(self, origin: Any) -> int: ...
+
+    def state_after(self, origin: Any, consumed: int, num_workers: int) -> dict[str, Any]: ...
+
+    def continue_after(self, origin: Any, consumed: int, num_workers: int) -> Any: ...
+
+    def data_loader(self, origin: Any, **kwargs: Any) -> DataLoader: ...
 
 
 class _Stream:
-    """A stream batches itself and keeps its loaded position for every pass over its epoch."""
+    """A stream batches itself; the loader hands it the origin of every pass."""
 
     threadable = True  # its workers' passes can run as threads of the training process
 
@@ -84,76 +110,105 @@ class _Stream:
     def set_epoch(self, epoch: int) -> None:
         self.stream.set_epoch(epoch)
 
-    def steps_per_epoch(self, num_workers: int) -> int:
-        return self.stream.steps_per_epoch(num_workers)
-
-    def loader_state(self, consumed_batches: int, num_workers: int) -> dict[str, Any]:
-        return self.stream.loader_state(consumed_batches, num_workers)
-
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.stream.load_state_dict(state)
 
-    def begin_pass(self) -> None:
-        pass
+    def origin(self) -> Position:
+        return self.stream.origin()
 
-    def data_loader(self, **kwargs: Any) -> DataLoader:
+    def take_origin(self) -> Position:
+        return self.stream.take_origin()
+
+    def pass_batches(self, origin: Position, num_workers: int) -> int:
+        return self.stream.pass_batches(origin, num_workers)
+
+    def batches_before(self, origin: Position) -> int:
+        return self.stream.batches_before(origin)
+
+    def state_after(self, origin: Position, consumed: int, num_workers: int) -> dict[str, Any]:
+        return self.stream.rank_state(self.stream.position_after(origin, consumed, num_workers))
+
+    def continue_after(self, origin: Position, consumed: int, num_workers: int) -> Position:
+        return self.stream.position_after(origin, consumed, num_workers)
+
+    def data_loader(self, origin: Position, **kwargs: Any) -> DataLoader:
         return DataLoader(self.stream, batch_size=None, **kwargs)  # type: ignore[arg-type]
 
 
 class _Sampled:
     """A map-style dataset read in the order of an ``ElasticSampler``, ``batch_size`` samples a batch.
 
-    The sampler lives in the main process, so the loader's batch count says exactly how many of its
-    indices training consumed: ``min(batches * batch_size, pass length)`` after the pass's start.
+    The sampler lives in the main process and resumes a loaded state on its first ``__iter__``
+    after the load, so the loader's batch count says exactly how many of its indices training
+    consumed. An origin is ``(epoch, first sample, samples)`` of a pass.
     """
+
+    threadable = False  # map-style batches are collated in worker processes
 
     def __init__(self, dataset: Any, sampler: ElasticSampler, batch_size: int, drop_last: bool,
                  collate_fn: Callable[[list[Any]], Any] | None) -> None:
         self.dataset, self.sampler = dataset, sampler
         self.batch_size, self.drop_last, self.collate_fn = batch_size, drop_last, collate_fn
-        self._pass: tuple[int, int, int] | None = None  # (epoch, first sample, samples) of the running pass
 
     @property
     def epoch(self) -> int:
         return self.sampler.epoch
 
     def set_epoch(self, epoch: int) -> None:
-        if epoch != self.sampler.epoch:
-            self._pass = None
         self.sampler.set_epoch(epoch)
-
-    def steps_per_epoch(self, num_workers: int) -> int:
-        samples = self._span()[1]
-        return samples // self.batch_size if self.drop_last else -(-samples // self.batch_size)
-
-    def loader_state(self, consumed_batches: int, num_workers: int) -> dict[str, Any]:
-        first, samples = self._span()
-        return self.sampler.state_dict(consumed=first + min(consumed_batches * self.batch_size, samples))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.sampler.load_state_dict(state)
-        self._pass = None
 
-    def begin_pass(self) -> None:
-        """Record where the pass starts. The sampler resumes only on the first ``__iter__`` after a
-        load, so a pass that starts again with nothing consumed (the last one failed before its first
-        batch) loads the last pass's start again."""
-        last = self._pass
-        if last is not None and last[0] == self.sampler.epoch and last[1] > 0 and self.sampler.resume_point == 0:
-            self.sampler.load_state_dict(self.sampler.state_dict(consumed=last[1]))
-        self._pass = (self.sampler.epoch, self.sampler.resume_point, len(self.sampler))
+    def origin(self) -> tuple[int, int, int]:
+        return self.sampler.epoch, self.sampler.resume_point, len(self.sampler)
 
-    def data_loader(self, **kwargs: Any) -> DataLoader:
+    def take_origin(self) -> tuple[int, int, int]:
+        return self.origin()  # the sampler uses its pending resume up on its first __iter__
+
+    def pass_batches(self, origin: tuple[int, int, int], num_workers: int) -> int:
+        samples = origin[2]
+        return samples // self.batch_size if self.drop_last else -(-samples // self.batch_size)
+
+    def batches_before(self, origin: tuple[int, int, int]) -> int:
+        return origin[1] // self.batch_size
+
+    def state_after(self, origin: tuple[int, int, int], consumed: int, num_workers: int) -> dict[str, Any]:
+        if origin[0] != self.sampler.epoch:  # the sampler moved on (a pass never started): no count to give
+            return self.sampler.state_dict()
+        if consumed >= self.pass_batches(origin, num_workers):  # a drop_last pass ends before the sampler does
+            return self.sampler.state_dict(consumed=origin[1] + origin[2])  # the next epoch's beginning
+        return self.sampler.state_dict(consumed=origin[1] + min(consumed * self.batch_size, origin[2]))
+
+    def continue_after(self, origin: tuple[int, int, int], consumed: int, num_workers: int) -> tuple[int, int, int]:
+        self.sampler.load_state_dict(self.state_after(origin, consumed, num_workers))
+        return self.origin()
+
+    def data_loader(self, origin: tuple[int, int, int], **kwargs: Any) -> DataLoader:
         return DataLoader(self.dataset, sampler=self.sampler, batch_size=self.batch_size, drop_last=self.drop_last,
                           collate_fn=self.collate_fn, **kwargs)
 
-    threadable = False  # map-style batches are collated in worker processes
 
-    def _span(self) -> tuple[int, int]:
-        """(first sample, samples) of the running pass, else of the pass the sampler would start next."""
-        if self._pass is not None and self._pass[0] == self.sampler.epoch:
-            return self._pass[1], self._pass[2]
-        return self.sampler.resume_point, len(self.sampler)
+@dataclass
+class _Pass:
+    """The loader's running (or last) pass: where it started and how many batches it handed out."""
+
+    epoch: int
+    origin: Any
+    consumed: int = 0
+
+
+class _EpochSetter:
+    """``loader.sampler``: what frameworks call ``set_epoch`` on before each epoch (Lightning's
+    ``_set_sampler_epoch`` looks for ``dataloader.sampler.set_epoch``); it sets the loader's epoch."""
+
+    def __init__(self, loader: "StreamLoader") -> None:
+        self._loader = weakref.ref(loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        loader = self._loader()
+        if loader is not None:
+            loader.set_epoch(epoch)
 
 
 _PROCESS_PREFETCH = 4  # batches in flight per worker process by default: +8% over 2 at 256-row batches
@@ -268,10 +323,9 @@ class StreamLoader:
                                  multiprocessing_context=multiprocessing_context, timeout=timeout,
                                  worker_init_fn=worker_init_fn)
         self._epoch = self._source.epoch
-        self._consumed = 0  # batches handed out since the dataset's position (the start of this pass)
-        self._resumed = False  # the dataset holds a loaded position for self._epoch
+        self._pass: _Pass | None = None  # the running (or last) pass of this epoch
+        self._loaded = False  # load_state_dict was called and no pass has started since
         self._loader: DataLoader | None = None
-        self._loader_resume_epoch: int | None = None  # the epoch whose position its workers were started with
 
     @property
     def slot_bytes(self) -> int:
@@ -284,96 +338,124 @@ class StreamLoader:
     def epoch(self) -> int:
         return self._epoch
 
+    @property
+    def sampler(self) -> Any:
+        """For a map-style dataset its ``ElasticSampler``; for a stream an object whose ``set_epoch``
+        is the loader's (frameworks such as Lightning call ``loader.sampler.set_epoch(e)`` each epoch)."""
+        return self._source.sampler if isinstance(self._source, _Sampled) else _EpochSetter(self)
+
     def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` from its beginning on the next iteration (a pending resume of it is kept)."""
+        """Start a full pass of ``epoch`` on the next iteration, unless a state for ``epoch`` was
+        loaded and no pass has used it yet (then the next pass resumes it)."""
         epoch = check_int(epoch, "epoch", 0)
-        if epoch != self._epoch:
-            self._consumed, self._resumed = 0, False
+        if not (self._loaded and epoch == self._epoch):
+            self._loaded = False
+        self._pass = None  # a pass running now is superseded: its next batch raises
         self._epoch = epoch
         self._source.set_epoch(epoch)
 
     def __len__(self) -> int:
-        self._follow_dataset_epoch()
-        return self._source.steps_per_epoch(self.num_workers) - self._consumed
+        """This rank's epoch in batches as a framework counts them, constant through the epoch: the
+        batches a loaded state says were consumed before, plus those of the pass that resumes it
+        (a fresh epoch: all of its batches). torchdata's ``StatefulDataLoader`` and Lightning's loops
+        take ``len`` as the whole epoch and count a resumed epoch from their restored batch index."""
+        origin = self._next_origin(advance=False)
+        return self._source.batches_before(origin) + self._source.pass_batches(origin, self.num_workers)
 
     # -- checkpoint ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Where this rank is: the dataset's (or sampler's) state after the batches this loader handed out."""
+        """Where this rank is: the state after the batches this loader handed out (after the last
+        batch of an epoch: the start of the next epoch)."""
         self._follow_dataset_epoch()
-        return self._source.loader_state(self._consumed, self.num_workers)
+        if self._pass is not None:
+            return self._source.state_after(self._pass.origin, self._pass.consumed, self.num_workers)
+        return self._source.state_after(self._source.origin(), 0, self.num_workers)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state`` (saved by any ``StreamLoader`` of the same data and settings)."""
+        """Continue from ``state`` (saved by any ``StreamLoader`` of the same data and settings): the
+        next pass resumes it, and no later one."""
         if isinstance(state, Mapping) and state.get("kind") == "worker":
             raise StateError("this is a per-worker state from torchdata's StatefulDataLoader; StreamLoader loads "
                              "the rank states it saves itself")
         self._source.load_state_dict(state)
-        self._epoch, self._consumed, self._resumed = self._source.epoch, 0, True
+        self._epoch, self._pass, self._loaded = self._source.epoch, None, True
         self._loader = None  # workers must start from the new position
 
     # -- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
-        self._follow_dataset_epoch()
-        if self._consumed or self._resumed:
-            if self._source.steps_per_epoch(self.num_workers) - self._consumed <= 0:
-                self.set_epoch(self._epoch + 1)  # the epoch was delivered in full: on to the next
-        if self._consumed:  # a pass that stopped early: continue where it stopped
-            self._source.load_state_dict(self._source.loader_state(self._consumed, self.num_workers))
-            self._consumed, self._resumed = 0, True
+        """The rest of the current pass (after a ``break``), else the next one. Nothing starts until
+        the first batch is asked for, so a framework's ``iter()`` probe changes nothing."""
+        origin = self._next_origin(advance=True)
         self._source.set_epoch(self._epoch)  # the catalog is read here once; workers inherit it
-        self._source.begin_pass()
-        if self.workers == "threads":
-            assert isinstance(self._source, _Stream) and self.num_workers > 0
-            depth = self._loader_args["prefetch_factor"] or 2  # None: 2 units of ready batches per worker
-            batches = round_robin(self._source.stream.worker_passes(self.num_workers), depth,
-                                  self._loader_args["timeout"])
-            if self.pin_memory and torch.cuda.is_available():
-                batches = map(_pinned, batches)
+        current = self._pass = _Pass(self._epoch, origin)
+        self._loaded = False
+        if self.workers in ("threads", "none") and isinstance(self._source, _Stream):
+            passes = self._source.stream.worker_passes(self.num_workers, origin)
+            if self.workers == "none":
+                batches: Iterator[Any] = passes[0]
+            else:
+                depth = self._loader_args["prefetch_factor"] or 2  # None: 2 units of ready batches per worker
+                batches = round_robin(passes, depth, self._loader_args["timeout"])
+                if self.pin_memory and torch.cuda.is_available():
+                    batches = map(_pinned, batches)
+        elif isinstance(self._source, _Stream):
+            with self._source.stream.handing_over(origin):  # the workers' copies resume it; this process does not
+                batches = iter(self._data_loader(origin))  # worker processes hand batches over through slots
         else:
-            batches = iter(self._data_loader())  # worker processes hand batches over through slots (handoff.py)
+            batches = iter(self._data_loader(origin))
         if self.device is not None:
             batches = iter(DevicePrefetcher(batches, self.device, self.prefetch_depth))
-        return self._count(batches)
-
-    def _count(self, batches: Iterator[Any]) -> Iterator[Any]:
-        epoch = self._epoch
         for batch in batches:
-            if self._source.epoch != epoch:  # the pass's batches belong to `epoch`: counting them elsewhere lies
+            if self._pass is not current or self._source.epoch != current.epoch:
                 raise StateError(
-                    f"set_epoch({self._source.epoch}) was called on the dataset while StreamLoader was delivering "
-                    f"epoch {epoch}; call loader.set_epoch() (or the dataset's) between passes, not inside the loop")
-            self._consumed += 1
+                    f"set_epoch({self._source.epoch}) was called (or a state loaded) on the loader or its dataset while "
+                    f"StreamLoader was delivering epoch {current.epoch}; call them between passes, not inside the loop")
+            current.consumed += 1
             yield batch
-        # The epoch is exhausted: the next pass starts the next one.
-        self._consumed, self._resumed = 0, False
-        self._epoch += 1
-        self._source.set_epoch(self._epoch)
+        if self._pass is current:  # the epoch is exhausted: the next pass starts the next one
+            self.set_epoch(self._epoch + 1)
 
-    def _data_loader(self) -> DataLoader:
-        resume_epoch = self._epoch if self._resumed else None
-        reusable = (self._loader is not None and self._loader_args["persistent_workers"] and resume_epoch is None
-                    and self._loader_resume_epoch != self._epoch)
+    def _next_origin(self, advance: bool) -> Any:
+        """Where the next pass starts: the rest of the last pass if it stopped early (``break``), the
+        next epoch if it ended, else a loaded state or the epoch's beginning. ``advance``: a pass
+        really starts (it uses up a loaded state; it moves on from an ended epoch); without it, the
+        origin ``len()`` counts from."""
+        self._follow_dataset_epoch()
+        last = self._pass
+        if last is None or self._loaded:
+            return self._source.take_origin() if advance else self._source.origin()
+        if not advance:  # len(): the epoch of the running (or last) pass, counted from its beginning
+            return last.origin
+        if last.consumed < self._source.pass_batches(last.origin, self.num_workers):
+            return self._source.continue_after(last.origin, last.consumed, self.num_workers)
+        self.set_epoch(self._epoch + 1)  # the last pass ended (its loop just did not see the end)
+        return self._source.take_origin()
+
+    def _data_loader(self, origin: Any) -> DataLoader:
+        fresh = not self._source.batches_before(origin) and isinstance(self._source, _Stream) and (
+            not origin.history and origin.worker is None)
+        reusable = self._loader is not None and self._loader_args["persistent_workers"] and fresh
         if not reusable:
-            self._loader = self._source.data_loader(num_workers=self.num_workers, pin_memory=self.pin_memory,
+            self._loader = self._source.data_loader(origin, num_workers=self.num_workers, pin_memory=self.pin_memory,
                                                     **self._loader_args)
-            self._loader_resume_epoch = resume_epoch
         assert self._loader is not None
         return self._loader
 
     def _follow_dataset_epoch(self) -> None:
         """A ``set_epoch`` called on the dataset (or sampler) directly moves the loader to that epoch."""
         if self._source.epoch != self._epoch:
-            self._epoch, self._consumed, self._resumed = self._source.epoch, 0, False
+            self._epoch, self._pass, self._loaded = self._source.epoch, None, False
 
     def __repr__(self) -> str:
+        consumed = self._pass.consumed if self._pass is not None else 0
         return (f"StreamLoader({type(self.dataset).__name__}, num_workers={self.num_workers}, epoch={self._epoch}, "
-                f"consumed={self._consumed})")
+                f"consumed={consumed})")
 
 
 def _source(dataset: Any, sampler: Any, batch_size: Any, collate_fn: Any, drop_last: Any) -> _Source:
     """The adapter for ``dataset``; ValueError naming the argument that does not fit it."""
     is_stream = all(callable(getattr(dataset, name, None))
-                    for name in ("loader_state", "load_state_dict", "steps_per_epoch", "set_epoch"))
+                    for name in ("take_origin", "pass_batches", "position_after", "worker_passes", "set_epoch"))
     if is_stream or isinstance(dataset, IterableDataset):
         for name, value, default in (("sampler", sampler, None), ("batch_size", batch_size, None),
                                      ("collate_fn", collate_fn, None), ("drop_last", drop_last, False)):
@@ -382,7 +464,7 @@ def _source(dataset: Any, sampler: Any, batch_size: Any, collate_fn: Any, drop_l
                                  f"{type(dataset).__name__} is a stream, which batches itself")
         if not is_stream:
             raise ValueError(f"StreamLoader needs a streamshard stream (ParquetStream, BlendedStream), got "
-                             f"{type(dataset).__name__}, an IterableDataset without loader_state()")
+                             f"{type(dataset).__name__}, an IterableDataset without their pass arithmetic (stream_base.PlannedStream)")
         return _Stream(dataset)
     if not isinstance(sampler, ElasticSampler):
         raise ValueError(f"StreamLoader needs a streamshard stream (ParquetStream, BlendedStream), or a map-style "

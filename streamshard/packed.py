@@ -91,10 +91,14 @@ class PackedStream(PlannedStream):
         self.seq_len = check_int(seq_len, "seq_len", 1)
         self.batch_size = check_int(batch_size, "batch_size", 1)
         self.transform = transform
-        self.rank, self.world_size = source.rank, source.world_size
         self._tokens: list[np.ndarray] | None = None  # per corpus, per row group of its catalog, from the footers
         self._dtypes: dict[str, np.dtype] | None = None
         self._sequences: int | None = None
+
+    @property
+    def topology(self) -> tuple[int, int]:
+        """The source's rank and world size."""
+        return self.source.topology
 
     # -- what decides the order ----------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -163,7 +167,7 @@ class PackedStream(PlannedStream):
 
     def schedule(self, worker_id: int = 0, num_workers: int = 0) -> Schedule:
         """The exact batches DataLoader worker ``worker_id`` of this rank delivers in this pass, without reading."""
-        return self._schedule(self._start(worker_id, num_workers))
+        return self._schedule(self._start(self.origin(), worker_id, num_workers))
 
     def _schedule(self, start: Start) -> Schedule:
         if self.blend is None:

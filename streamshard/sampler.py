@@ -172,25 +172,33 @@ class ElasticSampler(Sampler[int]):
         Without ``consumed`` the progress is what this sampler has yielded in the epoch.
         ``consumed`` overrides it (for a plain ``DataLoader`` whose workers prefetch): the
         samples this replica's training used in this epoch, clamped to the epoch's end; the
-        state is then that of a sampler stopped there, on every replica alike.
+        state is then that of a sampler stopped there, on every replica alike. A state of the whole
+        epoch is the next epoch's beginning (loading it never delivers this epoch again).
         """
         yielded, override = self._yielded(), None
+        end = self._segment_start + self._segment().per_replica
         if consumed is not None:
             consumed = check_int(consumed, "consumed", 0)
             _check_not_before(consumed, self._segment_start, "consumed", ValueError)
-            yielded = override = min(consumed, self._segment_start + self._segment().per_replica)
+            yielded = override = min(consumed, end)
+        if yielded >= end > self._segment_start:  # the epoch's last sample: the state is the next epoch's beginning
+            return {**self._state(self._epoch + 1, [], 0, 0, 0), "consumed": None if override is None else 0}
+        return {**self._state(self._epoch, self._layouts, self._offset, self._segment_start, yielded),
+                "consumed": override}
+
+    def _state(self, epoch: int, layouts: list[tuple[int, int]], offset: int, segment_start: int,
+               yielded: int) -> dict[str, Any]:
         return {
             "version": STATE_VERSION,
             "kind": "sampler",
-            "epoch": self._epoch,
+            "epoch": epoch,
             "fingerprint": self._fingerprint(),
             "num_replicas": self._replicas,
             "num_nodes": self._nodes,
-            "layouts": [list(layout) for layout in self._layouts],
-            "offset": self._offset,
-            "segment_start": self._segment_start,
+            "layouts": [list(layout) for layout in layouts],
+            "offset": offset,
+            "segment_start": segment_start,
             "yielded": yielded,
-            "consumed": override,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

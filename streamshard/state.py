@@ -84,9 +84,9 @@ def int_field(state: Mapping[str, Any], key: str, low: int, high: int | None = N
 
 
 def parse_history(raw: Any) -> list[Segment]:
-    """The ``history`` list as segments; every count checked against its range."""
-    if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_SEGMENTS:
-        raise StateError(f"state['history'] must be a list of 1 to {MAX_SEGMENTS} segments, got {raw!r:.80}")
+    """The ``history`` list as segments (empty: the epoch's beginning); every count checked against its range."""
+    if not isinstance(raw, list) or len(raw) > MAX_SEGMENTS:
+        raise StateError(f"state['history'] must be a list of at most {MAX_SEGMENTS} segments, got {raw!r:.80}")
     out = []
     for i, item in enumerate(raw):
         if not isinstance(item, Mapping) or set(item) != {"world_size", "num_workers", "batches"}:

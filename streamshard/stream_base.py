@@ -4,20 +4,28 @@ One checkpoint contract and one iteration protocol, written once. A subclass say
 order (``planner``, ``fingerprint``) and how to turn a worker's schedule into batches
 (``_deliver``); this class handles epochs, lengths, progress and states:
 
+* the pass/epoch model (README, "Passes and epochs"): a loaded state is *pending* until the first pass
+  after the load uses it, and no later pass; ``set_epoch(e)`` starts a full pass of ``e`` unless a
+  state for ``e`` is pending; a state saved after an epoch's last batch is the start of the next epoch.
 * ``state_dict()`` / ``load_state_dict(state)``: in a process that iterates the stream itself, the
   rank's position; inside a DataLoader worker (torchdata's ``StatefulDataLoader``), the worker's.
-* ``loader_state(consumed, num_workers)``: the rank's position after ``consumed`` batches of a
-  pass, for ``StreamLoader``; it resumes on any world size and worker count.
-* ``steps_per_epoch(num_workers)`` and ``len()``: what the next pass yields, resumes included.
+* ``origin()``, ``pass_batches``, ``batches_before``, ``position_after``, ``rank_state``: a pass's
+  arithmetic for ``StreamLoader``, which keeps the count of what it handed out; its rank states
+  resume on any world size and worker count.
+* ``len()``: the rank's epoch as a framework counts it (batches before the pass + the pass's).
+
+The rank and world size are resolved when first needed (``topology.py``), so a stream built before
+``init_process_group`` takes the process group's rank, never a guess.
 """
 
 from __future__ import annotations
 
 import os
 import warnings
+from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping
 
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, get_worker_info
 
 from .batch_plan import Schedule
 from .elastic import Segment
@@ -26,23 +34,26 @@ from .handoff import WorkerSlots
 from .resume import Planner, Position, Start, WorkerPosition
 from .shared_cell import EpochCell
 from .state import STATE_VERSION, check_fingerprint, history_json, int_field, parse_history, require
-from .topology import current_worker
+from .integrations.accelerate import check_pass_context
+from .topology import current_worker, known_rank_world, resolve_rank_world
 from .validate import check_int
 
 _RANK_KEYS = ("version", "kind", "epoch", "fingerprint", "history")
 _WORKER_KEYS = _RANK_KEYS + ("world_size", "num_workers", "rank", "worker_id", "role", "batches")
 
 
+
 class PlannedStream(IterableDataset):
-    """Base of the streams: epoch, length, progress and checkpoint state, the same for all."""
+    """Base of the streams: epoch, passes, length, progress and checkpoint state, the same for all."""
 
-    rank: int
-    world_size: int
-
-    def __init__(self) -> None:
+    def __init__(self, rank: int | None = None, world_size: int | None = None) -> None:
         super().__init__()
-        self._cell = EpochCell()  # shared memory: set_epoch reaches persistent DataLoader workers
-        self._position: Position | None = None  # a loaded state; applies to passes over its epoch
+        self._cell = EpochCell()  # shared memory: set_epoch and load bookkeeping reach DataLoader workers
+        self._rank_args = (rank, world_size)
+        self._topology: tuple[int, int] | None = known_rank_world(rank, world_size)
+        self._pending: Position | None = None  # a loaded state no pass has used yet
+        self._pending_here = False  # loaded inside this DataLoader worker (StatefulDataLoader): not shared
+        self._loads = 0  # the cell's load count when this copy's state was loaded
         self._progress: dict[str, Any] | None = None  # what this process's current pass delivered
         self._slots: WorkerSlots | None = None  # this worker process's hand-off slots (handoff.py)
         self._repeat_warned = False
@@ -63,22 +74,66 @@ class PlannedStream(IterableDataset):
     def _before_pass(self, start: Start, worker_id: int, num_workers: int) -> None:
         """A hook at the start of every pass (warnings)."""
 
+    # -- rank -----------------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        """The data-parallel rank (resolved on first use: ``topology.resolve_rank_world``)."""
+        return self.topology[0]
+
+    @property
+    def world_size(self) -> int:
+        return self.topology[1]
+
+    @property
+    def topology(self) -> tuple[int, int]:
+        """``(rank, world_size)`` of the data-parallel job; ``TopologyError`` while it cannot be known."""
+        if self._topology is None:
+            self._topology = resolve_rank_world(*self._rank_args)
+        return self._topology
+
+    def _use_topology(self, rank: int | None, world_size: int | None) -> None:
+        """Take the rank and world size from these arguments (None: resolved as the default)."""
+        self._rank_args = (rank, world_size)
+        self._topology = known_rank_world(rank, world_size)
+
     # -- epoch and length -----------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose order the next pass follows (a loaded state applies to its own epoch)."""
-        self._cell.epoch = check_int(epoch, "epoch", 0)
+        """Start a full pass of ``epoch`` next time, unless a state for ``epoch`` was loaded and no
+        pass has used it yet (then the next pass resumes it)."""
+        epoch = check_int(epoch, "epoch", 0)
+        pending = self._pending
+        if pending is not None and (pending.epoch != epoch or (not self._pending_here and self._cell.claimed)):
+            self._pending = None
+        self._progress = None
+        self._cell.epoch = epoch
+        self._cell.last_pass = -1  # an epoch chosen on purpose: its next pass is not an accidental repeat
 
     @property
     def epoch(self) -> int:
         return self._cell.epoch
 
+    def origin(self) -> Position:
+        """Where the next pass over the current epoch starts: a pending loaded state, else the beginning."""
+        pending = self._pending
+        return pending if pending is not None and pending.epoch == self.epoch else Position(self.epoch)
+
+    def take_origin(self) -> Position:
+        """``origin()``, used up: a pass in this process starts from it (``StreamLoader``)."""
+        return self._take_pending(0, 0)
+
     def steps_per_epoch(self, num_workers: int = 0) -> int:
         """Batches this rank's next pass over the current epoch yields with ``num_workers`` workers
         (after ``load_state_dict``: the rest of the resumed epoch)."""
-        return self.planner.rank_batches(self.epoch, self._active_position, self.world_size, num_workers)
+        return self.pass_batches(self.origin(), num_workers)
+
+    def epoch_length(self, num_workers: int = 0) -> int:
+        """This rank's epoch in batches as a framework counts them: the batches a loaded state says
+        were consumed before (under any earlier topologies) plus those the next pass yields."""
+        origin = self.origin()
+        return self.batches_before(origin) + self.pass_batches(origin, num_workers)
 
     def __len__(self) -> int:
-        """Batches this rank yields in the current epoch, for the worker count it is iterated with.
+        """``epoch_length`` for the worker count it is iterated with (a DataLoader's ``len``).
 
         Known inside a DataLoader worker, or once a pass has started; otherwise a ``TypeError``
         says how to ask (never a guess: the count depends on ``num_workers``).
@@ -89,23 +144,47 @@ class PlannedStream(IterableDataset):
         if num_workers < 0:
             raise TypeError(
                 f"len({type(self).__name__}) depends on the DataLoader's num_workers, which it has not seen yet: "
-                "use len(ss.StreamLoader(ds, num_workers=N)) or ds.steps_per_epoch(num_workers=N)"
+                "use len(ss.StreamLoader(ds, num_workers=N)) or ds.epoch_length(num_workers=N)"
             )
-        return self.steps_per_epoch(num_workers)
+        return self.epoch_length(num_workers)
 
     def schedule(self, worker_id: int = 0, num_workers: int = 0) -> Schedule:
-        """The exact batches DataLoader worker ``worker_id`` of this rank delivers in this pass,
+        """The exact batches DataLoader worker ``worker_id`` of this rank delivers in the next pass,
         without reading anything (``schedule(...).sample_ids()`` simulates it)."""
-        return self._start(worker_id, num_workers).schedule
+        return self._start(self.origin(), worker_id, num_workers).schedule
+
+    # -- a pass's arithmetic (StreamLoader keeps the count) ---------------------------------------
+    def pass_batches(self, origin: Position, num_workers: int) -> int:
+        """Batches this rank yields in a pass from ``origin`` to the end of its epoch."""
+        return self.planner.rank_batches(origin.epoch, origin, self.world_size, num_workers)
+
+    @staticmethod
+    def batches_before(origin: Position) -> int:
+        """Batches per rank consumed of the epoch before ``origin`` (every earlier topology's count):
+        what a framework's restored batch index says."""
+        return sum(segment.batches for segment in origin.history)
+
+    def position_after(self, origin: Position, consumed: int, num_workers: int) -> Position:
+        """The rank's position after ``consumed`` batches of a pass from ``origin``; the whole pass
+        consumed is the start of the next epoch (a state saved on an epoch's last batch)."""
+        if consumed >= self.pass_batches(origin, num_workers):
+            return Position(origin.epoch + 1)
+        history, before = self.planner.split(origin, self.world_size, num_workers)
+        return Position(origin.epoch, history + [Segment(self.world_size, num_workers, before + consumed)])
+
+    def rank_state(self, position: Position) -> dict[str, Any]:
+        """The checkpoint of a rank position (what ``load_state_dict`` takes back)."""
+        return self._state_of(position)
 
     # -- checkpoint state -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Where this object's pass is in the epoch, as a small JSON-serialisable dict.
+        """Where this object is in the epoch, as a small JSON-serialisable dict.
 
         Inside a DataLoader worker (torchdata's ``StatefulDataLoader`` calls it there) it is that
-        worker's progress; in a process that iterates the stream itself, the rank's. In the main
-        process while DataLoader workers iterate it cannot know what the training loop consumed,
-        and raises: use ``ss.StreamLoader``, which keeps that count.
+        worker's progress; in a process that iterates the stream itself, the rank's (after the
+        epoch's last batch: the start of the next epoch). In the main process while DataLoader
+        workers iterate it cannot know what the training loop consumed, and raises: use
+        ``ss.StreamLoader``, which keeps that count.
         """
         progress = self._progress if self._progress and self._progress["epoch"] == self.epoch else None
         worker_id, num_workers = current_worker()
@@ -116,29 +195,29 @@ class PlannedStream(IterableDataset):
                 "loader.state_dict()"
             )
         if progress is None:
-            if self._active_position is not None and self._active_position.worker is not None:
-                return self._state_of(self._active_position)
-            return self.loader_state(0, num_workers)
+            return self._state_of(self.origin())
         if progress["num_workers"] == 0:
-            return self.loader_state(progress["delivered"] - progress["skip"], 0)
+            return self._state_of(self.position_after(progress["origin"], progress["delivered"] - progress["skip"], 0))
         worker = WorkerPosition(self.world_size, progress["num_workers"], self.rank, progress["worker_id"],
                                 progress["role"], progress["delivered"])
         return self._state_of(Position(self.epoch, progress["history"], worker))
 
-    def loader_state(self, consumed_batches: int, num_workers: int) -> dict[str, Any]:
-        """The rank state after ``consumed_batches`` batches of the current pass with ``num_workers``
-        workers (``StreamLoader`` keeps that count; the same state serves every rank)."""
-        history, before = self.planner.split(self._active_position, self.world_size, num_workers)
-        segment = Segment(self.world_size, num_workers, before + consumed_batches)
-        return self._state_of(Position(self.epoch, history + [segment]))
-
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from a state: the next pass over its epoch continues where it stopped.
+        """Resume from a state: the first pass after the load continues where it stopped.
 
         A rank state (``StreamLoader``) resumes on any world size and worker count; a per-worker
         state (``StatefulDataLoader``) on the topology that saved it. A state that does not fit
         (other files, seed, batch size, ...) or is malformed raises ``StateError`` naming the field.
         """
+        position = self._parse_state(state)
+        _, num_workers = current_worker()
+        self._pending, self._progress, self._pending_here = position, None, num_workers > 0
+        if num_workers == 0:  # the main process: its DataLoader workers learn of the load through the cell
+            self._loads = self._cell.record_load()
+        self._cell.epoch = position.epoch
+        self._cell.last_pass = -1
+
+    def _parse_state(self, state: Mapping[str, Any]) -> Position:
         what = type(self).__name__
         kind = state.get("kind") if isinstance(state, Mapping) else None
         require(state, ("rank", "worker"), _WORKER_KEYS if kind == "worker" else _RANK_KEYS, what)
@@ -155,8 +234,11 @@ class PlannedStream(IterableDataset):
         else:
             position = Position(epoch, parse_history(state["history"]))
         self.planner.check(position)
-        self._position, self._progress = position, None
-        self._cell.epoch = epoch
+        if position.worker is None and position.history:
+            last = position.history[-1]  # a state saved on an epoch's last batch by an older version
+            if self.planner.rank_batches(epoch, position, last.world_size, last.num_workers) == 0:
+                return Position(epoch + 1)
+        return position
 
     def _state_of(self, position: Position) -> dict[str, Any]:
         state: dict[str, Any] = {
@@ -169,49 +251,81 @@ class PlannedStream(IterableDataset):
                          role=w.role, batches=w.batches)
         return state
 
-    @property
-    def _active_position(self) -> Position | None:
-        """The loaded position, if it belongs to the current epoch."""
-        return self._position if self._position is not None and self._position.epoch == self.epoch else None
-
-    def _start(self, worker_id: int, num_workers: int) -> Start:
-        return self.planner.start(self.epoch, self._active_position, self.rank, self.world_size, worker_id, num_workers)
+    def _start(self, origin: Position, worker_id: int, num_workers: int) -> Start:
+        return self.planner.start(self.epoch, origin, self.rank, self.world_size, worker_id, num_workers)
 
     # -- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
+        """A pass over the current epoch, set up at its first batch (a framework's ``iter()`` probe
+        that never asks for a batch changes nothing)."""
+        check_pass_context(self)
         worker_id, num_workers = current_worker()
         if worker_id == 0:
             self._cell.workers = num_workers
-        start = self._start(worker_id, num_workers)
+        origin = self._take_pending(worker_id, num_workers)
+        start = self._start(origin, worker_id, num_workers)
         if worker_id == 0:
-            self._notice_repeated_epoch()
+            self._notice_repeated_epoch(origin)
         self._before_pass(start, worker_id, num_workers)
         progress = self._progress = {
-            "epoch": self.epoch, "history": start.history, "num_workers": num_workers, "worker_id": worker_id,
-            "role": start.role, "skip": start.start, "delivered": start.start,
+            "epoch": self.epoch, "origin": origin, "history": start.history, "num_workers": num_workers,
+            "worker_id": worker_id, "role": start.role, "skip": start.start, "delivered": start.start,
         }
-        return self._counted(start, progress, self._hand_off(num_workers))
-
-    def worker_passes(self, num_workers: int) -> list[Iterator[Any]]:
-        """This rank's pass as ``num_workers`` workers in this process (``StreamLoader``'s thread
-        workers): worker ``w``'s batches, exactly what DataLoader worker ``w`` would deliver."""
-        n = check_int(num_workers, "num_workers", 1)
-        self._cell.workers = n
-        starts = [self._start(worker, n) for worker in range(n)]
-        self._notice_repeated_epoch()
-        for worker, start in enumerate(starts):
-            self._before_pass(start, worker, n)
-        return [self._deliver(start) for start in starts]
-
-    def _counted(self, start: Start, progress: dict[str, Any], hand_off: Callable[[Any], Any] | None) -> Iterator[Any]:
+        hand_off = self._hand_off(num_workers)
         for batch in self._deliver(start):
             progress["delivered"] += 1
             yield batch if hand_off is None else hand_off(batch)
 
-    def _notice_repeated_epoch(self) -> None:
-        """A second full pass over one shuffled epoch repeats its order exactly: say so, once."""
+    def _take_pending(self, worker_id: int, num_workers: int) -> Position:
+        """The origin of a pass starting now; a pending loaded state is used up by it.
+
+        In a DataLoader worker the dataset is a copy of the main process's, taken when the workers
+        started, so a state loaded in the main process is still pending in the copies of every later
+        pass: the cell records the pass that used it (``EpochCell.claim``)."""
+        pending, self._pending = self._pending, None
+        if num_workers > 0 and not self._pending_here:
+            if self._cell.loads != self._loads:
+                raise StateError(
+                    f"a state was loaded into the {type(self).__name__} after these DataLoader workers started "
+                    "(persistent workers keep the dataset they started with); make a new DataLoader after "
+                    "load_state_dict, or iterate with ss.StreamLoader")
+            info = get_worker_info()
+            if pending is not None and not self._cell.claim(worker_id, info.seed - worker_id if info else 0):
+                pending = None
+        if pending is None or pending.epoch != self.epoch:
+            return Position(self.epoch)
+        return pending
+
+    @contextmanager
+    def handing_over(self, origin: Position) -> Iterator[None]:
+        """While DataLoader workers start (``StreamLoader``'s worker processes), their copies of this
+        stream carry ``origin`` as the state their first pass uses; this process keeps none."""
+        if origin.history or origin.worker is not None:
+            self._pending, self._pending_here = origin, False
+            self._loads = self._cell.record_load()
+        try:
+            yield
+        finally:
+            self._pending = None
+
+    def worker_passes(self, num_workers: int, origin: Position) -> list[Iterator[Any]]:
+        """This rank's pass from ``origin`` as ``num_workers`` workers in this process (``StreamLoader``'s
+        thread workers): worker ``w``'s batches, exactly what DataLoader worker ``w`` would deliver
+        (``num_workers=0``: the one pass of the main process)."""
+        check_pass_context(self)
+        n = check_int(num_workers, "num_workers", 0)
+        self._cell.workers = n
+        starts = [self._start(origin, worker, n) for worker in range(max(n, 1))]
+        self._notice_repeated_epoch(origin)
+        for worker, start in enumerate(starts):
+            self._before_pass(start, worker, n)
+        return [self._deliver(start) for start in starts]
+
+    def _notice_repeated_epoch(self, origin: Position) -> None:
+        """A second full pass over one shuffled epoch, with no set_epoch between, repeats its order
+        exactly: say so, once."""
         epoch = self.epoch
-        fresh = self._active_position is None
+        fresh = not origin.history and origin.worker is None
         if fresh and self._cell.last_pass == epoch and self.shuffled and not self._repeat_warned:
             self._repeat_warned = True
             warnings.warn(
@@ -237,4 +351,7 @@ class PlannedStream(IterableDataset):
         return self._slots.wrap
 
     def __getstate__(self) -> dict[str, Any]:
+        # A spawned worker gets the rank resolved here (its own environment may not know it).
+        if self._topology is None:
+            self.topology  # noqa: B018 - raises TopologyError if the rank is still unknown
         return {**self.__dict__, "_slots": None}  # a worker's slots stay in that worker

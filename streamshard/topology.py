@@ -2,13 +2,16 @@
 
 Resolution order for rank/world size: explicit arguments, then an initialised
 ``torch.distributed`` process group, then the ``RANK``/``WORLD_SIZE`` environment variables
-(as set by ``torchrun``), then a single process.
+(as set by ``torchrun``), then a single process; a process that is one of several but does not
+know which is not given a rank (``TopologyError``).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+
+from .errors import TopologyError
 
 
 @dataclass(frozen=True)
@@ -50,13 +53,45 @@ class Topology:
 
 
 def resolve_rank_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
-    """Return ``(rank, world_size)``: explicit values win, then torch.distributed, then env vars."""
+    """``(rank, world_size)`` of the data-parallel job: explicit values win, then an initialised
+    torch.distributed process group, then ``RANK``/``WORLD_SIZE`` (as ``torchrun`` sets them), then a
+    single process.
+
+    Never a guess: a process that says it is one of several (``WORLD_SIZE`` > 1, or ``LOCAL_RANK``
+    > 0) but not which (no ``RANK``; Lightning's DDP processes before ``init_process_group``) has no
+    rank yet: ``TopologyError`` names the variables (a stream built that early resolves its rank
+    on first use: ``known_rank_world``).
+    """
+    resolved = known_rank_world(rank, world_size)
+    if resolved is None:
+        env = _from_environment()
+        told = ", ".join(f"{k}={v}" if v is not None else f"no {k}" for k, v in env.items())
+        raise TopologyError(
+            f"the data-parallel rank is not known yet (environment: {told}; torch.distributed not initialised): a "
+            "process launched as one of several (e.g. by Lightning's DDP before init_process_group) must not be "
+            "read as rank 0. Use the stream after torch.distributed is initialised (Lightning: it is by "
+            "setup()/train_dataloader()), or pass rank= and world_size=")
+    return resolved
+
+
+def known_rank_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int] | None:
+    """``resolve_rank_world``'s answer, or None while the rank cannot be known yet."""
+    if world_size is not None and world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if rank is not None and rank < 0:
+        raise ValueError(f"rank must be >= 0, got {rank}")
     dist_rank, dist_world = distributed_rank_world()
-    env_rank, env_world = _from_environment()
+    env = _from_environment()
     if world_size is None:
-        world_size = dist_world if dist_world is not None else (env_world or 1)
+        world_size = dist_world if dist_world is not None else env["WORLD_SIZE"]
     if rank is None:
-        rank = dist_rank if dist_rank is not None else (env_rank or 0)
+        rank = dist_rank if dist_rank is not None else env["RANK"]
+    if rank is None and world_size is None and not env["LOCAL_RANK"]:
+        rank, world_size = 0, 1  # nothing says this process is one of several
+    elif rank is None and world_size == 1:
+        rank = 0
+    if rank is None or world_size is None:
+        return None
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if not 0 <= rank < world_size:
@@ -85,7 +120,7 @@ def distributed_rank_world() -> tuple[int | None, int | None]:
     return None, None
 
 
-def _from_environment() -> tuple[int | None, int | None]:
+def _from_environment() -> dict[str, int | None]:
     def read(name: str) -> int | None:
         value = os.environ.get(name)
         if value is None or value == "":
@@ -95,4 +130,4 @@ def _from_environment() -> tuple[int | None, int | None]:
         except ValueError:
             raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
 
-    return read("RANK"), read("WORLD_SIZE")
+    return {name: read(name) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}

@@ -1,7 +1,9 @@
 """One resume harness for everything that iterates: stop after k batches, resume, compare.
 
 * ``check_loader_resume``: ``StreamLoader`` on one topology; the resumed pass must be byte for
-  byte the rest of the uninterrupted one, and ``len(loader)`` exact before and after.
+  byte the rest of the uninterrupted one, ``len(loader)`` the whole epoch before and after (the
+  frameworks' contract: their restored batch index + the resumed pass = ``len``), and a state saved
+  on the epoch's last batch the start of the next epoch.
 * ``check_elastic_resume``: ``StreamLoader`` over a sequence of topologies (world size, workers,
   batches taken); every rank's state must be the same, steps equal across ranks in every phase,
   and the rows delivered over all phases exactly those of an uninterrupted run.
@@ -72,6 +74,7 @@ def check_loader_resume(make: Callable[[], Any], num_workers: int, stops: list[i
     reference.set_epoch(epoch)
     assert len(reference) == reference.dataset.steps_per_epoch(num_workers)
     full = list(reference)
+    next_epoch = list(reference)
     for k in with_random_stops(stops, len(full), random_stops, seed=epoch * 1000 + num_workers):
         k = min(k, len(full))
         first = ss.StreamLoader(make(), num_workers=num_workers)
@@ -79,13 +82,17 @@ def check_loader_resume(make: Callable[[], Any], num_workers: int, stops: list[i
         iterator = iter(first)
         head = [next(iterator) for _ in range(k)]
         del iterator
-        assert len(first) == len(full) - k
+        assert len(first) == len(full), "len(loader) is the whole epoch, whatever was consumed"
         state = as_checkpoint(first.state_dict())
         resumed = ss.StreamLoader(make(), num_workers=num_workers)
         resumed.load_state_dict(state)
-        assert len(resumed) == len(full) - k, f"len after resuming at {k}: {len(resumed)} != {len(full) - k}"
-        rest = list(resumed) if k < len(full) else []
-        assert same_batches(head + rest, full), f"resume after {k} of {len(full)} batches differs"
+        rest = list(resumed)
+        if k < len(full):
+            assert resumed.epoch == epoch + 1 and len(resumed) == len(next_epoch)
+            assert same_batches(head + rest, full), f"resume after {k} of {len(full)} batches differs"
+        else:  # saved on the last batch: the next epoch, nothing of this one again
+            assert state["epoch"] == epoch + 1 and not state["history"]
+            assert same_batches(rest, next_epoch), "a state saved on the epoch's last batch must resume the next epoch"
 
 
 def check_elastic_resume(make: Callable[[int, int], Any], phases: list[tuple[int, int, int | None]],
@@ -101,6 +108,7 @@ def check_elastic_resume(make: Callable[[int, int], Any], phases: list[tuple[int
         expected.update(row_keys(list(reference)))
     delivered: Counter = Counter()
     state = None
+    index = 0  # a framework's restored batch index: every earlier phase's batches per rank
     for world, workers, take in phases:
         states, counts = [], []
         for rank in range(world):
@@ -109,7 +117,7 @@ def check_elastic_resume(make: Callable[[int, int], Any], phases: list[tuple[int
                 loader.set_epoch(epoch)
             else:
                 loader.load_state_dict(state)
-            length = len(loader)
+            length = len(loader) - index  # len is the epoch as counted: the index, then what is left
             limit = length if take is None else min(take, max(length - 1, 0))
             batches = []
             iterator = iter(loader)
@@ -124,6 +132,7 @@ def check_elastic_resume(make: Callable[[int, int], Any], phases: list[tuple[int
         assert len(set(counts)) == 1, f"ranks yield different step counts under {world}x{workers}: {counts}"
         assert all(s == states[0] for s in states), "ranks of one job must save the same state"
         state = states[0]
+        index += counts[0]
     assert delivered == expected, (
         f"{sum((delivered - expected).values())} extra or repeated rows, {sum((expected - delivered).values())} missing "
         f"after phases {phases}"
@@ -171,10 +180,13 @@ def check_made_loader_resume(make_loader: Callable[[], Any], stops: list[int], e
         iterator = iter(first)
         head = [next(iterator) for _ in range(k)]
         del iterator
-        assert len(first) == len(full) - k
+        assert len(first) == len(full), "len(loader) is the whole epoch, whatever was consumed"
+        state = as_checkpoint(first.state_dict())
         resumed = make_loader()
-        resumed.load_state_dict(as_checkpoint(first.state_dict()))
-        assert len(resumed) == len(full) - k, f"len after resuming at {k}: {len(resumed)} != {len(full) - k}"
-        rest = list(resumed) if k < len(full) else []
-        assert same_batches(head + rest, full), f"resume after {k} of {len(full)} batches differs"
-        assert same_batches(list(resumed), next_epoch), f"the epoch after resuming at {k} is not a normal one"
+        resumed.load_state_dict(state)
+        assert len(resumed) == (len(full) if k < len(full) else len(next_epoch)), f"len after resuming at {k}"
+        rest = list(resumed)
+        if k < len(full):
+            assert same_batches(head + rest, full), f"resume after {k} of {len(full)} batches differs"
+            rest = list(resumed)
+        assert same_batches(rest, next_epoch), f"the epoch after resuming at {k} is not a normal one"

@@ -197,7 +197,12 @@ def test_resume_from_any_stop_point_matches_the_uninterrupted_run(n, topo, seed,
 
     resumed = make()
     resumed.load_state_dict(state)
-    resumed.set_epoch(epoch)  # a training loop re-entering the epoch keeps the resume point
+    resumed.set_epoch(resumed.epoch)  # a training loop re-entering the loaded epoch keeps the resume point
+    if stop == len(full) > 0:  # a state of the whole epoch is the next epoch's beginning
+        assert resumed.epoch == epoch + 1
+        reference.set_epoch(epoch + 1)
+        assert list(resumed) == list(reference)
+        return
     assert len(resumed) == len(full) - stop
     assert list(resumed) == full[stop:]
     resumed.set_epoch(epoch + 1)
@@ -222,7 +227,8 @@ def test_consumed_past_the_end_is_clamped_for_a_short_last_batch():
     list(sampler)
     fresh = ElasticSampler(10, 1, 0, 1)
     fresh.load_state_dict(sampler.state_dict(consumed=3 * 4))  # three batches of 4, the last one short
-    assert list(fresh) == []
+    sampler.set_epoch(1)
+    assert fresh.epoch == 1 and list(fresh) == list(sampler), "the whole epoch consumed: the next one begins"
 
 
 def test_a_plain_second_iteration_restarts_the_epoch():

@@ -68,12 +68,12 @@ def test_resume_with_drop_last_batches_skips_only_the_short_last_batch():
     assert len(make_loader(50, 2, 0, batch_size=4, drop_last=True)) == 6
 
 
-def test_len_counts_the_batches_left_in_the_epoch_and_an_exhausted_epoch_advances():
+def test_len_is_the_whole_epoch_through_it_and_an_exhausted_epoch_advances():
     sampler = ss.ElasticSampler(30, 3, 2, seed=3)  # 10 samples per replica: batches of 4, 4, 2
     loader = ss.StreamLoader(Indexed(30), sampler=sampler, batch_size=4)
     assert len(loader) == 3
     head = take(loader, 1)
-    assert len(loader) == 2
+    assert len(loader) == 3
     rest = list(loader)  # iterating again after a break continues where the loop stopped
     assert [len(b["idx"]) for b in head + rest] == [4, 4, 2]
     assert indices(head + rest) == list(ss.ElasticSampler(30, 3, 2, seed=3))
@@ -117,7 +117,7 @@ def test_a_pass_that_fails_before_its_first_batch_is_retried_from_the_resume_poi
     resumed.load_state_dict(state)
     with pytest.raises(RuntimeError, match="transient"):
         next(iter(resumed))  # the sampler handed out a batch of indices, training got none
-    assert len(resumed) == 7
+    assert len(resumed) == 10, "3 batches before the resume + the 7 it yields"
     assert resumed.state_dict()["yielded"] == 12, "the state still says 3 batches of 4 were consumed"
     assert full[:12] + indices(list(resumed)) == full
 
@@ -185,9 +185,10 @@ def test_a_state_saved_at_the_end_of_the_epoch_resumes_with_the_next_epoch():
     _, state = run_job(40, 4, 1, 3)  # 10 per replica: 3 batches is the whole epoch
     loader = make_loader(40, 2, 1)
     loader.load_state_dict(state)
-    assert len(loader) == 0
+    assert state["epoch"] == 1 and loader.epoch == 1, "a state of the whole epoch is the next one's beginning"
     expected = ss.ElasticSampler(40, 2, 1, seed=3)
     expected.set_epoch(1)
+    assert len(loader) == -(-len(expected) // 4)
     assert indices(list(loader)) == list(expected)
 
 
@@ -300,6 +301,9 @@ def test_stateful_dataloader_with_workers_resumes_a_sampler_exactly():
 
     full = list(make())
     assert len(full) == 7
+    after = make()
+    after.sampler.set_epoch(2)
+    next_epoch = list(after)
     for k in [0, 1, 4, 6, 7]:
         loader = make()
         iterator = iter(loader)
@@ -309,4 +313,7 @@ def test_stateful_dataloader_with_workers_resumes_a_sampler_exactly():
         resumed = make()
         resumed.load_state_dict(state)
         rest = list(resumed)
+        if k == len(full):  # saved on the epoch's last batch: the next epoch, nothing of this one again
+            assert same_batches(rest, next_epoch)
+            continue
         assert same_batches(head + rest, full), f"StatefulDataLoader resume after {k} of {len(full)} batches differs"
