@@ -24,7 +24,7 @@ from .resume import Planner, Start
 from .schema import read_as, same_logical_type
 from .stream_base import PlannedStream
 from .tensors import Batch
-from .topology import resolve_rank_world
+from .topology import mesh_rank_world, resolve_rank_world
 from .validate import check_int
 
 __all__ = ["BlendedStream", "blend_length", "CORPUS"]
@@ -56,13 +56,16 @@ class BlendedStream(PlannedStream):
             permuted within chunks of 65,536 positions; each corpus is still read in order).
         rank, world_size: default to the corpora's explicit topology, then torch.distributed,
             then RANK/WORLD_SIZE, then 0/1.
+        mesh: instead of rank/world_size, the 1-D data-parallel torch ``DeviceMesh`` (``mesh["dp"]``).
     """
 
     def __init__(self, datasets: Mapping[str, ParquetStream], weights: Mapping[str, float], batch_size: int,
                  seed: int = 0, num_samples: int | None = None, stop: str = "all_exhausted",
                  order: str = "fair", rank: int | None = None, world_size: int | None = None,
-                 transform: Callable[[Batch], Any] | None = None) -> None:
+                 transform: Callable[[Batch], Any] | None = None, mesh: Any = None) -> None:
         super().__init__()
+        if mesh is not None:
+            rank, world_size = mesh_rank_world(mesh, rank, world_size)
         self.names, self.datasets = _check_datasets(datasets)
         self.weights = _check_weight_names(weights, self.names)
         self.batch_size = check_int(batch_size, "batch_size", 1)

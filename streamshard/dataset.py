@@ -28,7 +28,7 @@ from .resume import Planner, Start
 from .schema import parse_cast, read_as
 from .stream_base import PlannedStream
 from .tensors import Batch, BatchConverter, check_conversion_options
-from .topology import Topology, current_worker, distributed_rank_world
+from .topology import Topology, current_worker, mesh_rank_world
 from .validate import check_int
 
 log = logging.getLogger("streamshard")
@@ -66,6 +66,9 @@ class ParquetStream(PlannedStream):
             RANK/WORLD_SIZE, then 0/1; a process that is one of several but has no RANK yet (Lightning's
             DDP processes before init_process_group) resolves it on first use, or raises
             ``TopologyError``, never reading as rank 0.
+        mesh: instead of rank/world_size, the 1-D data-parallel torch ``DeviceMesh`` (``mesh["dp"]``):
+            under tensor/pipeline parallelism the ranks of one model-parallel group get the same
+            batches and only the data-parallel ranks split the data.
         storage_options: passed to fsspec (credentials, endpoint_url, ...).
         transform: called on each batch inside the worker (padding batches included).
         read_ahead: row groups read in the background ahead of the one being consumed. The row
@@ -112,6 +115,7 @@ class ParquetStream(PlannedStream):
         cast: Mapping[str, Any] | None = None,
         decimals: str = "float64",
         inner_nulls: str = "error",
+        mesh: Any = None,
     ) -> None:
         if isinstance(paths, (list, tuple)) and paths and all(isinstance(p, str) and p for p in paths):
             self.paths: list[str] = list(paths)
@@ -134,6 +138,8 @@ class ParquetStream(PlannedStream):
         self.columns = list(columns) if columns is not None else None
         self.config = PlanConfig(unit=unit, shuffle=bool(shuffle), seed=seed, batch_size=batch_size, uneven=uneven,
                                  shuffle_window=shuffle_window)
+        if mesh is not None:
+            rank, world_size = mesh_rank_world(mesh, rank, world_size)
         super().__init__(rank, world_size)
         self._topology_given = rank is not None and world_size is not None
         self.storage_options = dict(storage_options or {})
@@ -290,15 +296,6 @@ class ParquetStream(PlannedStream):
     # -- warnings -----------------------------------------------------------------------------
     def _warn_about_traps(self, num_workers: int | None = None) -> None:
         """Warn (once each) about set-ups that work here but fail or waste time elsewhere."""
-        if not self._topology_given:
-            dist_rank, dist_world = distributed_rank_world()
-            if dist_world is not None and (dist_rank, dist_world) != (self.rank, self.world_size):
-                self._warn_once(
-                    "topology",
-                    f"ParquetStream was built as rank {self.rank} of {self.world_size}, but torch.distributed "
-                    f"now says rank {dist_rank} of {dist_world}: build the dataset after init_process_group, "
-                    "or pass rank= and world_size=",
-                )
         if self.transform is not None and "transform" not in self._warned:
             try:
                 pickle.dumps(self.transform)

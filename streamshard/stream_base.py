@@ -49,8 +49,7 @@ class PlannedStream(IterableDataset):
     def __init__(self, rank: int | None = None, world_size: int | None = None) -> None:
         super().__init__()
         self._cell = EpochCell()  # shared memory: set_epoch and load bookkeeping reach DataLoader workers
-        self._rank_args = (rank, world_size)
-        self._topology: tuple[int, int] | None = known_rank_world(rank, world_size)
+        self._use_topology(rank, world_size)
         self._pending: Position | None = None  # a loaded state no pass has used yet
         self._pending_here = False  # loaded inside this DataLoader worker (StatefulDataLoader): not shared
         self._loads = 0  # the cell's load count when this copy's state was loaded
@@ -86,15 +85,18 @@ class PlannedStream(IterableDataset):
 
     @property
     def topology(self) -> tuple[int, int]:
-        """``(rank, world_size)`` of the data-parallel job; ``TopologyError`` while it cannot be known."""
-        if self._topology is None:
-            self._topology = resolve_rank_world(*self._rank_args)
-        return self._topology
+        """``(rank, world_size)`` of the data-parallel job: the explicit arguments, else resolved now
+        (torch.distributed once it is initialised, then RANK/WORLD_SIZE), so a stream built before
+        ``init_process_group`` follows the process group; ``TopologyError`` while it cannot be known."""
+        if self._topology is not None:
+            return self._topology
+        return resolve_rank_world(*self._rank_args)
 
     def _use_topology(self, rank: int | None, world_size: int | None) -> None:
-        """Take the rank and world size from these arguments (None: resolved as the default)."""
+        """Take the rank and world size from these arguments (None: resolved when used)."""
         self._rank_args = (rank, world_size)
-        self._topology = known_rank_world(rank, world_size)
+        known_rank_world(rank, world_size)  # bad values fail here, at construction
+        self._topology: tuple[int, int] | None = (rank, world_size) if None not in (rank, world_size) else None
 
     # -- epoch and length -----------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -351,7 +353,6 @@ class PlannedStream(IterableDataset):
         return self._slots.wrap
 
     def __getstate__(self) -> dict[str, Any]:
-        # A spawned worker gets the rank resolved here (its own environment may not know it).
-        if self._topology is None:
-            self.topology  # noqa: B018 - raises TopologyError if the rank is still unknown
-        return {**self.__dict__, "_slots": None}  # a worker's slots stay in that worker
+        # A spawned worker gets the rank resolved here: its own process has no process group, and its
+        # environment may not name the rank (Lightning). A forked one resolves it as this process does.
+        return {**self.__dict__, "_slots": None, "_topology": self.topology}  # a worker's slots stay in that worker

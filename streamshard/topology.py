@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import TopologyError
 
@@ -97,6 +98,21 @@ def known_rank_world(rank: int | None = None, world_size: int | None = None) -> 
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
     return rank, world_size
+
+
+def mesh_rank_world(mesh: Any, rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
+    """The data-parallel ``(rank, world_size)`` of a 1-D torch ``DeviceMesh`` (e.g. ``mesh["dp"]``):
+    under tensor/pipeline/context parallelism, the ranks of one model-parallel group share a
+    data-parallel rank, so they get the same batches and only data-parallel ranks split the data."""
+    if rank is not None or world_size is not None:
+        raise ValueError("pass either mesh= or rank=/world_size=, not both")
+    if not callable(getattr(mesh, "get_local_rank", None)) or not callable(getattr(mesh, "size", None)):
+        raise ValueError(f"mesh must be a torch DeviceMesh, got {type(mesh).__name__}")
+    if mesh.ndim != 1:
+        names = getattr(mesh, "mesh_dim_names", None)
+        raise ValueError(f"mesh must be the 1-D data-parallel mesh, got {mesh.ndim} dimensions {names}: pass "
+                         "mesh['dp'] (or the flattened data-parallel dimensions)")
+    return int(mesh.get_local_rank()), int(mesh.size())
 
 
 def current_worker() -> tuple[int, int]:

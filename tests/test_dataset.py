@@ -210,23 +210,25 @@ def test_more_workers_than_row_groups_is_warned_about(tmp_path):
         list(ds)
 
 
-def test_a_dataset_built_before_init_process_group_is_warned_about(small_corpus, monkeypatch):
+def test_a_dataset_built_before_init_process_group_follows_the_process_group(small_corpus, monkeypatch):
     import torch.distributed as dist
 
     monkeypatch.setenv("RANK", "1")  # a stale environment: the real process group will say rank 0 of 1
     monkeypatch.setenv("WORLD_SIZE", "2")
-    stale = ss.ParquetStream(small_corpus)
+    early = ss.ParquetStream(small_corpus)
     explicit = ss.ParquetStream(small_corpus, rank=1, world_size=2)
+    assert early.topology == (1, 2)  # what is known before the group exists
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(_free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
-        with pytest.warns(UserWarning, match="init_process_group"):
-            stale.set_epoch(0)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            explicit.set_epoch(0)  # explicit arguments win, no warning
-            ss.ParquetStream(small_corpus).set_epoch(0)  # built after init: agrees with the group
+            early.set_epoch(0)
+            explicit.set_epoch(0)
+        assert early.topology == (0, 1), "the process group's rank, not the one read before it existed"
+        assert explicit.topology == (1, 2), "explicit arguments win"
+        assert pickle.loads(pickle.dumps(early)).topology == (0, 1)  # a spawned worker gets it resolved
     finally:
         dist.destroy_process_group()
 

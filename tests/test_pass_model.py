@@ -125,6 +125,7 @@ def test_a_plain_dataloader_uses_a_loaded_state_in_its_first_pass_only(skewed_co
 @pytest.mark.slow
 def test_loading_a_state_after_persistent_workers_started_is_an_error_not_ignored(skewed_corpus):
     ds = make(skewed_corpus)
+    ds.set_epoch(0)
     loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
     list(loader)
     other = ss.StreamLoader(make(skewed_corpus), num_workers=2)
@@ -218,3 +219,42 @@ def test_a_stream_built_before_its_rank_is_known_resolves_it_on_first_use(skewed
     assert (ds.rank, ds.world_size) == (1, 2)
     explicit = ss.ParquetStream(skewed_corpus, batch_size=50, rank=1, world_size=2)
     np.testing.assert_array_equal(ids_of(list(ds)), ids_of(list(explicit)))
+
+
+MESH_SCRIPT = """
+import os, sys
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+import streamshard as ss
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2], RANK="0", WORLD_SIZE="1")
+dist.init_process_group("gloo")
+mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
+try:
+    ss.ParquetStream(sys.argv[1], mesh=mesh)
+except ValueError as exc:
+    print("refused:", exc)
+ds = ss.ParquetStream(sys.argv[1], mesh=mesh["dp"])
+print("dp:", ds.rank, ds.world_size)
+try:
+    ss.ParquetStream(sys.argv[1], mesh=mesh["dp"], rank=0, world_size=1)
+except ValueError as exc:
+    print("both:", exc)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_a_data_parallel_device_mesh_gives_the_rank(skewed_corpus):
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    done = subprocess.run([sys.executable, "-c", MESH_SCRIPT, skewed_corpus, str(port)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "refused: mesh must be the 1-D data-parallel mesh, got 2 dimensions ('dp', 'tp')" in done.stdout
+    assert "dp: 0 1" in done.stdout
+    assert "both: pass either mesh= or rank=/world_size=, not both" in done.stdout
