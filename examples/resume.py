@@ -34,7 +34,8 @@ def same_topology(path: str) -> None:
     state = json.loads(json.dumps(loader.state_dict()))  # as a checkpoint would; no counts passed in
     resumed = ss.StreamLoader(stream(path), num_workers=2)
     resumed.load_state_dict(state)
-    print(f"same topology: stopped after {k} of {len(full)} batches; the resumed loader has {len(resumed)} left")
+    print(f"same topology: stopped after {k} of {len(full)} batches; the resumed loader's epoch is still "
+          f"{len(resumed)} batches long, {len(resumed) - k} of them left")
     rest = list(resumed)
     identical = len(rest) == len(full) - k and all(
         torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(head + rest, full))
