@@ -20,8 +20,9 @@ import pyarrow as pa
 from .batch_plan import Read, StreamSchedule
 from .canonical import CanonicalPlan
 from .catalog import Catalog
+from .catalog_share import CatalogShare
 from .delivery import DeliveryStats, deliver
-from .errors import CatalogError, ReadError
+from .errors import ReadError
 from .plan import ORDER_VERSION, EpochPlan, Layout, PlanConfig
 from .reader import RowGroupReader
 from .resume import Planner, Start
@@ -152,6 +153,7 @@ class ParquetStream(PlannedStream):
         self._warned: set[str] = set()
         self._catalog: Catalog | None = None
         self._converter: BatchConverter | None = None  # derived from the catalog; not pickled
+        self._catalog_share = CatalogShare.owned_by(self)  # a token only: nothing is created here
 
     # -- epoch and catalog --------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -171,20 +173,19 @@ class ParquetStream(PlannedStream):
     def catalog(self) -> Catalog:
         """The files and row groups, read from the footers on first access (then kept).
 
-        One snapshot per dataset: DataLoader workers use the one their parent took. A worker never
-        lists the files on its own (two workers listing while a file lands would deliver rows twice
-        or never): iterated by workers before the parent read the catalog, it raises.
+        One snapshot per dataset, for its life. DataLoader workers use the one their parent took
+        (inherited or pickled). Whose parent took none, the first to need it builds and publishes it,
+        and the other workers, later workers and this process load that one (``catalog_share.py``):
+        two workers listing while a file lands would deliver rows twice or never.
         """
         if self._catalog is None:
-            worker_id, num_workers = current_worker()
-            if num_workers > 0:
-                raise CatalogError(
-                    f"ParquetStream({self.paths[0]!r}, ...) reached DataLoader worker {worker_id} before its catalog was "
-                    "read, so each worker would list the files on its own; call ds.set_epoch(epoch) (or read "
-                    "ds.catalog) before iterating, or iterate with ss.StreamLoader, which does it"
-                )
-            catalog = Catalog.build(self.paths, self.columns, self.storage_options, cache_dir=self.catalog_cache,
-                                    cast=self.cast, progress=self.catalog_progress)
+            build = lambda distributed: Catalog.build(  # noqa: E731
+                self.paths, self.columns, self.storage_options, cache_dir=self.catalog_cache, cast=self.cast,
+                progress=self.catalog_progress, distributed=distributed)
+            if current_worker()[1] > 0 or self._catalog_share.started():
+                catalog = self._catalog_share.get(lambda: build(False))  # a worker cannot join collectives
+            else:
+                catalog = build(True)
             self._converter = self._make_converter(catalog)
             self._catalog = catalog
         return self._catalog

@@ -170,13 +170,13 @@ def test_steps_per_epoch_matches_what_the_loader_yields(skewed_corpus):
     assert ds.steps_per_epoch(num_workers=2) == len(list(DataLoader(ds, batch_size=None, num_workers=2)))
 
 
-def test_workers_never_list_the_files_on_their_own(small_corpus):
-    """Without the parent's snapshot each worker would list the files itself: refused, with the fix named."""
+def test_workers_whose_parent_read_no_catalog_share_one_snapshot(small_corpus):
+    """No set_epoch: the first worker builds the catalog and publishes it, the others load it
+    (catalog_share.py; tests/test_plain_dataloader.py covers the start methods and the races)."""
     ds = ss.ParquetStream(small_corpus, rank=0, world_size=1)
-    with pytest.raises(ss.CatalogError, match=r"before its catalog was read.*set_epoch.*StreamLoader"):
-        list(DataLoader(ds, batch_size=None, num_workers=2))
-    ds.set_epoch(0)  # the parent's snapshot: the workers inherit it
-    assert len(list(DataLoader(ds, batch_size=None, num_workers=2))) == ds.steps_per_epoch(num_workers=2)
+    batches = list(DataLoader(ds, batch_size=None, num_workers=2))
+    assert_exactly_once([batches], 229)  # conftest small_corpus
+    assert len(batches) == ds.steps_per_epoch(num_workers=2)
 
 
 def test_spawned_workers_receive_a_working_copy(small_corpus):
