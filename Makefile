@@ -1,7 +1,8 @@
 # The README's two commands: `make demo` and `make test`. Both set up .venv themselves.
 PYTHON ?= python3
 VENV   ?= .venv
-# torch is installed first and pinned, so pip never resolves `torch>=2.3` to a CUDA build.
+# torch is installed first and pinned, then the dev extras are installed under a constraint on that pin,
+# so pip never resolves `torch>=2.3` (or lightning's and accelerate's torch) to a CUDA build.
 TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
@@ -14,8 +15,9 @@ $(STAMP): pyproject.toml Makefile
 	@$(PYTHON) -m venv $(VENV)
 	@echo "==> installing $(TORCH) first, pinned (a large download: a few minutes on a fresh machine)"
 	@$(BIN)/pip install --quiet $(TORCH)
-	@echo "==> installing streamshard and its dev extras (pip install -e '.[dev]')"
-	@$(BIN)/pip install --quiet -e '.[dev]'
+	@echo '$(firstword $(TORCH))' > $(VENV)/constraints.txt
+	@echo "==> installing streamshard and its dev extras (pip install -c $(VENV)/constraints.txt -e '.[dev]')"
+	@$(BIN)/pip install --quiet -c $(VENV)/constraints.txt -e '.[dev]'
 	@touch $(STAMP)
 	@echo "==> environment ready: $(VENV)"
 

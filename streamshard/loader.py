@@ -362,6 +362,15 @@ class StreamLoader:
         origin = self._next_origin(advance=False)
         return self._source.batches_before(origin) + self._source.pass_batches(origin, self.num_workers)
 
+    def batches_left(self) -> int:
+        """Batches this rank still yields in the current epoch: the rest of the running (or stopped)
+        pass, else all the next pass yields (after ``load_state_dict``: the rest of the resumed epoch)."""
+        self._follow_dataset_epoch()
+        last = self._pass
+        if last is None or self._loaded:
+            return self._source.pass_batches(self._source.origin(), self.num_workers)
+        return self._source.pass_batches(last.origin, self.num_workers) - last.consumed
+
     # -- checkpoint ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Where this rank is: the state after the batches this loader handed out (after the last
