@@ -16,6 +16,7 @@ sample ids it trained on, to check exactly-once coverage.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import tempfile
@@ -100,6 +101,8 @@ def main() -> None:
         os.makedirs(args.report, exist_ok=True)
         with open(os.path.join(args.report, f"rank{rank}.json"), "w") as f:
             json.dump(report, f)
+    del model  # DDP's reducer must not hold the last reference to the gloo group while it is destroyed
+    gc.collect()  # (torch 2.13 + gloo can deadlock joining a thread that waits for the GIL: pytorch#56297)
     dist.destroy_process_group()
 
 

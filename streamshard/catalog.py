@@ -152,6 +152,7 @@ class Catalog:
         distributed: bool = True,
         cast: Mapping[str, Any] | None = None,
         progress: Callable[[int], None] | None = None,
+        group: Any = None,
     ) -> "Catalog":
         """List the files ``paths`` names and read every footer.
 
@@ -161,6 +162,8 @@ class Catalog:
         ``retry``: how transient storage faults are retried (default ``RetryPolicy()``).
         ``distributed``: when torch.distributed is initialised, split the footer reads across
         ranks (every rank must call ``build`` with the same arguments); False reads all here.
+        ``group``: the process group whose ranks split the reads (None: the default group; a
+        data-parallel mesh's group when only those ranks build the catalog).
         ``cast``: ``{column: Arrow type or name}`` read as that type whatever each file says.
         ``progress``: called with 1 after each footer read here (a progress bar's ``update``).
         Physical differences between writers (``large_list`` vs ``list``, dictionary-encoded vs
@@ -179,12 +182,12 @@ class Catalog:
         filesystems = FileSystems(storage_options)
         policy = retry or RetryPolicy()
         cache = CatalogCache(cache_dir, paths, projection) if cache_dir else None
-        group = collective.process_group() if distributed else None
-        if group is None:
+        place = collective.process_group(group) if distributed else None
+        if place is None:
             footers = _build_local(paths, projection, filesystems, policy, cache, max_concurrency, progress)
         else:
-            footers = _build_distributed(paths, projection, filesystems, policy, cache, max_concurrency, *group,
-                                         progress=progress)
+            footers = _build_distributed(paths, projection, filesystems, policy, cache, max_concurrency, *place,
+                                         progress=progress, group=group)
         return cls.from_footers(footers, targets)
 
     @classmethod
@@ -255,6 +258,7 @@ def _build_distributed(
     rank: int,
     world: int,
     progress: Callable[[int], None] | None = None,
+    group: Any = None,
 ) -> list[FileFooter]:
     """Rank 0 lists and consults the cache; ranks read interleaved shares of the rest; all-gather.
 
@@ -264,7 +268,7 @@ def _build_distributed(
     listing: dict[str, Any] = {}
     if rank == 0:
         listing = _guarded(lambda: _list_and_load(paths, filesystems, policy, cache))
-    listing = collective.broadcast(listing)
+    listing = collective.broadcast(listing, group)
     _raise_if_error([listing])
     files = [FileEntry(*f) for f in listing["files"]]
     cached: dict[str, dict[str, Any]] = listing["cached"]
@@ -272,7 +276,7 @@ def _build_distributed(
     mine = missing[rank::world]
     share = _guarded(lambda: {"footers": [footer_to_dict(f) for f in _read_footers(
         mine, columns, filesystems, policy, max_concurrency, progress)]})
-    shares = collective.all_gather(share)
+    shares = collective.all_gather(share, group)
     _raise_if_error(shares)
     read = {d["url"]: d for s in shares for d in s["footers"]}
     dicts = [read.get(f.url) or cached[f.url] for f in files]

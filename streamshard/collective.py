@@ -11,26 +11,28 @@ import sys
 from typing import Any
 
 
-def process_group() -> tuple[int, int] | None:
-    """``(rank, world_size)`` when torch.distributed is initialised with more than one rank."""
+def process_group(group: Any = None) -> tuple[int, int] | None:
+    """``(rank, world_size)`` in ``group`` (None: the default group) when torch.distributed is
+    initialised and the group has more than one rank."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return None
-    world = dist.get_world_size()
-    return (dist.get_rank(), world) if world > 1 else None
+    world = dist.get_world_size(group)
+    return (dist.get_rank(group), world) if world > 1 else None
 
 
-def broadcast(value: Any, src: int = 0) -> Any:
-    """``value`` of rank ``src`` on every rank (sent as a JSON string)."""
+def broadcast(value: Any, group: Any = None) -> Any:
+    """``value`` of the group's first rank on every rank of ``group`` (sent as a JSON string)."""
     dist = sys.modules["torch.distributed"]
-    box = [json.dumps(value) if dist.get_rank() == src else None]
-    dist.broadcast_object_list(box, src=src)
+    box = [json.dumps(value) if dist.get_rank(group) == 0 else None]
+    src = dist.get_global_rank(group, 0) if group is not None else 0
+    dist.broadcast_object_list(box, src=src, group=group)
     return json.loads(box[0])
 
 
-def all_gather(value: Any) -> list[Any]:
-    """Every rank's ``value``, in rank order, on every rank (each sent as a JSON string)."""
+def all_gather(value: Any, group: Any = None) -> list[Any]:
+    """Every rank's ``value``, in group rank order, on every rank of ``group`` (each sent as JSON)."""
     dist = sys.modules["torch.distributed"]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, json.dumps(value))
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, json.dumps(value), group=group)
     return [json.loads(item) for item in out]

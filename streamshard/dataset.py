@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from .batch_plan import Read, StreamSchedule
 from .canonical import CanonicalPlan
+from . import collective
 from .catalog import Catalog
 from .catalog_share import CatalogShare
 from .delivery import DeliveryStats, deliver
@@ -139,9 +140,12 @@ class ParquetStream(PlannedStream):
         self.columns = list(columns) if columns is not None else None
         self.config = PlanConfig(unit=unit, shuffle=bool(shuffle), seed=seed, batch_size=batch_size, uneven=uneven,
                                  shuffle_window=shuffle_window)
+        group = None
         if mesh is not None:
             rank, world_size = mesh_rank_world(mesh, rank, world_size)
+            group = mesh.get_group()  # the catalog's footer reads are split over the data-parallel ranks
         super().__init__(rank, world_size)
+        self._catalog_group = group
         self._topology_given = rank is not None and world_size is not None
         self.storage_options = dict(storage_options or {})
         self.transform = transform
@@ -181,7 +185,8 @@ class ParquetStream(PlannedStream):
         if self._catalog is None:
             build = lambda distributed: Catalog.build(  # noqa: E731
                 self.paths, self.columns, self.storage_options, cache_dir=self.catalog_cache, cast=self.cast,
-                progress=self.catalog_progress, distributed=distributed)
+                progress=self.catalog_progress, distributed=distributed and self._splits_catalog(),
+                group=self._catalog_group)
             if current_worker()[1] > 0 or self._catalog_share.started():
                 catalog = self._catalog_share.get(lambda: build(False))  # a worker cannot join collectives
             else:
@@ -189,6 +194,14 @@ class ParquetStream(PlannedStream):
             self._converter = self._make_converter(catalog)
             self._catalog = catalog
         return self._catalog
+
+    def _splits_catalog(self) -> bool:
+        """Whether the ranks that build this catalog are a process group's, so they can split the reads:
+        the data-parallel mesh's group, or the default group when the rank is its own (explicit ranks of
+        another numbering, as under tensor parallelism, may not all build it: each reads all)."""
+        if self._catalog_group is not None or not self._topology_given:
+            return True
+        return collective.process_group() in (None, self.topology)
 
     @property
     def converter(self) -> BatchConverter:
@@ -211,7 +224,7 @@ class ParquetStream(PlannedStream):
 
     def __getstate__(self) -> dict[str, Any]:
         # Spawned DataLoader workers receive a pickled copy: plain data only, no closures or handles.
-        return {**super().__getstate__(), "_converter": None}
+        return {**super().__getstate__(), "_converter": None, "_catalog_group": None}
 
     def epoch_plan(self, num_workers: int = 0, epoch: int | None = None) -> EpochPlan:
         """The plan of a whole epoch for this dataset's world size and ``num_workers`` DataLoader workers."""

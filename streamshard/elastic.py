@@ -13,7 +13,7 @@ number of resizes in one epoch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -35,13 +35,6 @@ class Segment:
     @property
     def global_workers(self) -> int:
         return self.world_size * max(self.num_workers, 1)
-
-    def to_json(self) -> dict[str, int]:
-        return {"world_size": self.world_size, "num_workers": self.num_workers, "batches": self.batches}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Segment":
-        return cls(int(data["world_size"]), int(data["num_workers"]), int(data["batches"]))
 
 
 def worker_batches_delivered(rank_batches: int, num_workers: int, worker_id: int) -> int:

@@ -83,14 +83,21 @@ def int_field(state: Mapping[str, Any], key: str, low: int, high: int | None = N
     return int(value)
 
 
+SEGMENT_FIELDS = ("world_size", "num_workers", "batches")
+
+
 def parse_history(raw: Any) -> list[Segment]:
-    """The ``history`` list as segments (empty: the epoch's beginning); every count checked against its range."""
+    """The ``history`` list as segments (empty: the epoch's beginning); every count checked against
+    its range. A segment is ``[world_size, num_workers, batches]`` (states before issue 22 wrote it as
+    a dict of those fields, still read)."""
     if not isinstance(raw, list) or len(raw) > MAX_SEGMENTS:
         raise StateError(f"state['history'] must be a list of at most {MAX_SEGMENTS} segments, got {raw!r:.80}")
     out = []
     for i, item in enumerate(raw):
-        if not isinstance(item, Mapping) or set(item) != {"world_size", "num_workers", "batches"}:
-            raise StateError(f"state['history'][{i}] must be {{world_size, num_workers, batches}}, got {item!r:.80}")
+        if isinstance(item, (list, tuple)) and len(item) == len(SEGMENT_FIELDS):
+            item = dict(zip(SEGMENT_FIELDS, item))
+        if not isinstance(item, Mapping) or set(item) != set(SEGMENT_FIELDS):
+            raise StateError(f"state['history'][{i}] must be [world_size, num_workers, batches], got {item!r:.80}")
         world = int_field(item, "world_size", 1, MAX_WORLD_SIZE)
         workers = int_field(item, "num_workers", 0, MAX_NUM_WORKERS)
         if world * max(workers, 1) > MAX_GLOBAL_WORKERS:
@@ -99,5 +106,8 @@ def parse_history(raw: Any) -> list[Segment]:
     return out
 
 
-def history_json(history: list[Segment]) -> list[dict[str, int]]:
-    return [segment.to_json() for segment in history]
+def history_json(history: list[Segment]) -> list[list[int]]:
+    """Segments as ``[world_size, num_workers, batches]``: a list of lists is one entry for
+    ``torch.distributed.checkpoint``, which flattens dicts and loads only the keys the loading side's
+    own state has (a dict per segment would lose the segments a fresh loader does not have)."""
+    return [[segment.world_size, segment.num_workers, segment.batches] for segment in history]

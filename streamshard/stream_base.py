@@ -103,6 +103,7 @@ class PlannedStream(IterableDataset):
         """Start a full pass of ``epoch`` next time, unless a state for ``epoch`` was loaded and no
         pass has used it yet (then the next pass resumes it)."""
         epoch = check_int(epoch, "epoch", 0)
+        check_pass_context(self)  # Accelerate's wrappers call set_epoch on every rank before their first batch
         pending = self._pending
         if pending is not None and (pending.epoch != epoch or (not self._pending_here and self._cell.claimed)):
             self._pending = None

@@ -210,7 +210,7 @@ def test_state_dict_counts_delivered_batches_in_the_main_process(corpora):
     ds.set_epoch(0)
     taken = list(itertools.islice(iter(DataLoader(ds, batch_size=None)), 5))
     state = ds.state_dict()
-    assert (state["epoch"], state["history"]) == (0, [{"world_size": 2, "num_workers": 0, "batches": 5}])
+    assert (state["epoch"], state["history"]) == (0, [[2, 0, 5]])  # [world_size, num_workers, batches]
     resumed = blender(corpora)(0, 2)
     resumed.load_state_dict(state)
     rest = list(DataLoader(resumed, batch_size=None))
