@@ -29,7 +29,6 @@ import pytest
 import streamshard as ss
 from streamshard.testing import write_corpus
 
-pytest.importorskip("lightning")
 pytestmark = pytest.mark.slow  # subprocesses: run by make test, skippable with -m "not slow"
 
 JOB = Path(__file__).resolve().parent / "frameworks" / "lightning_job.py"
