@@ -441,8 +441,9 @@ class StreamLoader:
         return self._source.take_origin()
 
     def _data_loader(self, origin: Any) -> DataLoader:
-        fresh = not self._source.batches_before(origin) and isinstance(self._source, _Stream) and (
-            not origin.history and origin.worker is None)
+        # Persistent workers can run another pass unless it starts mid-epoch: a stream's workers take a
+        # resumed origin only when they start (a map-style sampler resumes in this process, always fine).
+        fresh = not isinstance(self._source, _Stream) or (not origin.history and origin.worker is None)
         reusable = self._loader is not None and self._loader_args["persistent_workers"] and fresh
         if not reusable:
             self._loader = self._source.data_loader(origin, num_workers=self.num_workers, pin_memory=self.pin_memory,

@@ -260,3 +260,26 @@ def test_a_data_parallel_device_mesh_gives_the_rank(skewed_corpus):
     assert "refused: mesh must be the 1-D data-parallel mesh, got 2 dimensions ('dp', 'tp')" in done.stdout
     assert "dp: 0 1" in done.stdout
     assert "both: pass either mesh= or rank=/world_size=, not both" in done.stdout
+
+
+def _with_pid(batch):
+    import os
+
+    import torch
+
+    return {**batch, "pid": torch.full((1,), os.getpid())}
+
+
+@pytest.mark.slow
+def test_persistent_worker_processes_serve_fresh_epochs_and_restart_for_a_resumed_pass(skewed_corpus):
+    loader = ss.StreamLoader(make(skewed_corpus, transform=_with_pid), num_workers=2, persistent_workers=True)
+    pids = [{int(b["pid"]) for b in list(loader)} for _ in range(2)]  # epochs 0 and 1
+    assert pids[0] == pids[1] and len(pids[0]) == 2, "fresh epochs run on the same worker processes"
+    iterator = iter(loader)
+    head = [next(iterator) for _ in range(3)]  # epoch 2, stopped
+    del iterator
+    rest = list(loader)  # continues epoch 2: workers must start from that position
+    assert {int(b["pid"]) for b in rest}.isdisjoint(pids[0])
+    reference = ss.StreamLoader(make(skewed_corpus), num_workers=2)
+    reference.set_epoch(2)
+    assert real(head) + real(rest) == real(list(reference))
