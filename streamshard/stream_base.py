@@ -31,16 +31,15 @@ from .batch_plan import Schedule
 from .elastic import Segment
 from .errors import StateError
 from .handoff import WorkerSlots
+from .integrations.accelerate import check_pass_context
 from .resume import Planner, Position, Start, WorkerPosition
 from .shared_cell import EpochCell
 from .state import STATE_VERSION, check_fingerprint, history_json, int_field, parse_history, require
-from .integrations.accelerate import check_pass_context
 from .topology import current_worker, known_rank_world, resolve_rank_world
 from .validate import check_int
 
 _RANK_KEYS = ("version", "kind", "epoch", "fingerprint", "history")
 _WORKER_KEYS = _RANK_KEYS + ("world_size", "num_workers", "rank", "worker_id", "role", "batches")
-
 
 
 class PlannedStream(IterableDataset):
