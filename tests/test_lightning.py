@@ -240,3 +240,16 @@ def test_a_dataset_made_in_a_datamodule_init_gets_its_rank_or_fails_before_any_b
     else:
         assert run.entries("train") == [], "rows were trained before the rank error"
         assert re.search(r"\w+Error: .*\b(RANK|WORLD_SIZE)\b", run.output), run.output[-4000:]
+
+
+@pytest.mark.parametrize("devices", [2, 3])
+def test_a_resume_in_the_last_epoch_trains_the_rest_of_it_once(corpus, reference, devices, tmp_path):
+    """The issue's last case: preempted a third into the last epoch (step 24 = epoch 1, batch 6)."""
+    resumed = resume(corpus, tmp_path, devices, reference.ckpt_dir / "steps" / "epoch=1-step=24.ckpt")
+    assert resumed.trained(0) == {rank: [] for rank in range(devices)}  # epoch 0 was done
+    assert_each_epoch_once(reference.before(24), resumed)
+    assert_equal_steps(resumed)
+    assert_finished(resumed)
+    if devices == 2:
+        for rank in (0, 1):
+            assert resumed.steps(rank) == [s for s in reference.steps(rank) if s[0] >= 24]
