@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import tempfile
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -113,19 +114,27 @@ class CatalogCache:
         return valid
 
     def save(self, footers: Sequence[dict[str, Any]]) -> None:
-        """Replace the cache file atomically (readers see the old or the new file, never half)."""
+        """Replace the cache file atomically (readers see the old or the new file, never half).
+
+        The catalog does not need its cache: one that cannot be written (a read-only or full
+        filesystem, a path through a file) is a warning naming it, and the build goes on.
+        """
         directory = os.path.dirname(self.path)
-        os.makedirs(directory, exist_ok=True)
         payload = {"format": FORMAT_VERSION, "columns": self.columns, "files": {f["url"]: f for f in footers}}
-        fd, tmp = tempfile.mkstemp(prefix=".catalog-", suffix=".tmp", dir=directory)
+        tmp = None
         try:
+            os.makedirs(directory, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".catalog-", suffix=".tmp", dir=directory)
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(payload, f, separators=(",", ":"))
             os.replace(tmp, self.path)
-        except BaseException:
-            if os.path.exists(tmp):
+        except BaseException as exc:
+            if tmp is not None and os.path.exists(tmp):
                 os.unlink(tmp)
-            raise
+            if not isinstance(exc, OSError):
+                raise
+            warnings.warn(f"catalog cache {self.path} cannot be written ({type(exc).__name__}: {exc}); the catalog "
+                          "was built without it and its footers will be read again next time", stacklevel=2)
 
 
 _MAX_ROWS = 1 << 48  # far above any real row group; keeps sums of row counts inside int64

@@ -243,3 +243,14 @@ def test_distributed_build_splits_footer_reads_and_ranks_agree(tmp_path):
     local = Catalog.build(url, ["id", "input_ids"], distributed=False)
     assert a["rows"] == local.rg_rows.tolist() and a["ranges"] == local.rg_ranges.tolist()
     assert "part-00001.parquet" in a["error"] and a["error"] == b["error"]  # both ranks raise, none hangs
+
+
+def test_a_cache_that_cannot_be_written_is_a_warning_and_the_catalog_is_built(tmp_path):
+    # issue 23 item 5: a read-only or full filesystem, here a cache path through a regular file
+    write_corpus(str(tmp_path / "data"), LAYOUT)
+    (tmp_path / "a-file").write_text("not a directory")
+    blocked = str(tmp_path / "a-file" / "cache")
+    with pytest.warns(UserWarning, match=r"catalog cache .*a-file/cache.* cannot be written \(NotADirectoryError"):
+        catalog = Catalog.build(str(tmp_path / "data"), cache_dir=blocked)
+    assert same_catalog(catalog, Catalog.build(str(tmp_path / "data")))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "data"]  # no temp file left anywhere
