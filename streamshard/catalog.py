@@ -601,11 +601,30 @@ def _footer_from_metadata(
     rows = np.array(
         [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)], dtype=np.int64
     )
+    ranges = chunk_ranges(metadata, schema.names)
+    _check_footer_numbers(url, size, footer_length, rows, ranges, schema.names)
     return FileFooter(
         url, size, rows, schema, _columns_maybe_null(metadata, schema),
-        footer_length=footer_length, ranges=chunk_ranges(metadata, schema.names), version=version,
+        footer_length=footer_length, ranges=ranges, version=version,
         values=leaf_values(metadata, schema.names),
     )
+
+
+def _check_footer_numbers(url: str, size: int, footer_length: int, rows: np.ndarray, ranges: np.ndarray,
+                          names: list[str]) -> None:
+    """Refuse a footer whose numbers cannot describe this file (a damaged or hostile one) before anything
+    is planned from them: a negative row count, or a column chunk outside the file's data."""
+    negative = np.flatnonzero(rows < 0)
+    if negative.size:
+        rg = int(negative[0])
+        raise CatalogError(f"{url}: row group {rg} claims {int(rows[rg])} rows; the footer is damaged")
+    data_end = size - footer_length - 8  # the footer, its length and the magic bytes follow the data
+    outside = (ranges[..., 0] < 0) | (ranges[..., 1] < ranges[..., 0]) | (ranges[..., 1] > data_end)
+    if outside.any():
+        rg, column = (int(i) for i in np.argwhere(outside)[0])
+        start, end = (int(v) for v in ranges[rg, column])
+        raise CatalogError(f"{url}: row group {rg}, column {names[column]!r}: its chunk claims bytes [{start}, {end}) "
+                           f"but the file's data ends at byte {data_end}; the footer is damaged")
 
 
 def _fetch_metadata(url: str, size: int, filesystems: FileSystems, policy: RetryPolicy,

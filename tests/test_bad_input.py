@@ -117,3 +117,48 @@ def test_a_file_that_changed_after_cataloging_fails_loudly(tmp_path):
     write_corpus(str(tmp_path), [[10]], seed=1)  # same name, different content and size
     with pytest.raises(ss.ReadError, match="part-00000.parquet"):
         list(ds)
+
+
+def _patched_footer(path, tmp_path, pattern: bytes, replacement: bytes, changed) -> str:
+    """A copy of ``path`` with one occurrence of ``pattern`` in its footer replaced (same length): the one
+    after which pyarrow reads ``changed(metadata)`` as true. A hostile footer pyarrow still parses."""
+    import struct
+
+    data = open(path, "rb").read()
+    length = struct.unpack("<i", data[-8:-4])[0]
+    start = len(data) - 8 - length
+    hostile = tmp_path / "hostile" / "h.parquet"
+    hostile.parent.mkdir(exist_ok=True)
+    at = data.find(pattern, start)
+    while at >= 0:
+        hostile.write_bytes(data[:at] + replacement + data[at + len(pattern):])
+        if changed(pq.ParquetFile(hostile).metadata):
+            return str(hostile)
+        at = data.find(pattern, at + 1)
+    raise AssertionError("the footer field to patch was not found")
+
+
+def test_a_footer_claiming_a_negative_row_count_is_refused_naming_file_and_row_group(tmp_path):
+    # issue 23 item 2: it was accepted, 201 of 600 rows lost and every sample_id pointing at another row
+    pq.write_table(pa.table({"id": pa.array(range(60), pa.int64())}), tmp_path / "ok.parquet", row_group_size=30)
+    # RowGroup.num_rows (i64, thrift compact: field header 0x16, zigzag varint 30 -> 0x3c) -> -1 (0x01)
+    path = _patched_footer(tmp_path / "ok.parquet", tmp_path, b"\x16\x3c", b"\x16\x01",
+                           lambda m: m.row_group(0).num_rows == -1)
+    with pytest.raises(ss.CatalogError, match=r"h\.parquet: row group 0 claims -1 rows"):
+        ss.Catalog.build(path)
+
+
+def test_a_footer_whose_chunk_lies_past_the_data_is_refused_naming_file_row_group_and_column(tmp_path):
+    pq.write_table(pa.table({"id": pa.array(range(60), pa.int64())}), tmp_path / "ok.parquet", row_group_size=30,
+                   compression="none")
+    size = pq.ParquetFile(tmp_path / "ok.parquet").metadata.row_group(1).column(0).total_compressed_size
+    def varint(n: int) -> bytes:  # thrift compact i64: zigzag, then a 2-byte varint for these sizes
+        assert 1 << 7 <= n < 1 << 14
+        return bytes([(n & 0x7F) | 0x80, n >> 7])
+
+    old, new = varint(2 * size), varint(2 * 8000)  # the chunk's size -> 8,000 bytes, past the file's end
+    # ColumnMetaData.total_compressed_size (i64, field 7 after field 6: header 0x16)
+    path = _patched_footer(tmp_path / "ok.parquet", tmp_path, b"\x16" + old, b"\x16" + new,
+                           lambda m: m.row_group(1).column(0).total_compressed_size == 8000)
+    with pytest.raises(ss.CatalogError, match=r"h\.parquet: row group 1, column 'id': its chunk claims bytes"):
+        ss.Catalog.build(path)
