@@ -18,6 +18,7 @@ ranks split the footer reads and all-gather the summaries, so every rank gets th
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import threading
 import time
@@ -372,6 +373,8 @@ def _expand(path: str, filesystems: FileSystems, until: float) -> dict[str, File
             for sub, subinfo in fs.find(name, detail=True, **bound()).items():
                 relative = sub[len(name.rstrip("/")) + 1 :]
                 if not any(part.startswith((".", "_")) for part in relative.split("/")):
+                    if subinfo.get("islink"):
+                        subinfo = _followed(fs, sub, subinfo, bound)
                     url = fs.unstrip_protocol(sub)
                     out[url] = FileEntry(url, int(subinfo["size"]), file_version(subinfo))
         else:
@@ -380,6 +383,26 @@ def _expand(path: str, filesystems: FileSystems, until: float) -> dict[str, File
     if not out:
         raise CatalogError(f"no files matched {path!r} (only empty directories or hidden/marker files)")
     return out
+
+
+def _followed(fs: Any, path: str, link: dict[str, Any], bound: Callable[[], dict[str, float]]) -> dict[str, Any]:
+    """What a symbolic link found in a directory points to: its size and version are the target's (a
+    listing entry describes the link itself, and the reader checks the target: the Hugging Face hub cache's
+    ``snapshots/<rev>/*.parquet -> ../../blobs/<hash>``); a dangling link, a loop or a link to a
+    directory is a ``CatalogError`` saying so."""
+    url, target = fs.unstrip_protocol(path), link.get("destination")
+    try:
+        info = fs.info(path, **bound())
+    except FileNotFoundError:
+        raise CatalogError(f"{url} is a symbolic link to {target!r}, which does not exist") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CatalogError(f"{url} is a symbolic link loop ({target!r})") from None
+        raise
+    if info.get("type") == "directory":
+        raise CatalogError(f"{url} is a symbolic link to the directory {target!r}, which is not followed inside "
+                           "a directory; give it as a path of its own")
+    return info
 
 
 def _why_no_match(fs: Any, root: str, bound: Callable[[], dict[str, float]]) -> str:

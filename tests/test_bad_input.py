@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -162,3 +164,31 @@ def test_a_footer_whose_chunk_lies_past_the_data_is_refused_naming_file_row_grou
                            lambda m: m.row_group(1).column(0).total_compressed_size == 8000)
     with pytest.raises(ss.CatalogError, match=r"h\.parquet: row group 1, column 'id': its chunk claims bytes"):
         ss.Catalog.build(path)
+
+
+def test_a_directory_of_symlinks_streams_its_targets_like_the_hugging_face_hub_cache(tmp_path):
+    # issue 23 item 3: snapshots/<rev>/*.parquet -> ../../blobs/<hash>, the links made after their targets
+    import time
+
+    paths = write_corpus(str(tmp_path / "blobs"), [[40, 30], [25]])
+    time.sleep(0.02)  # the links' own mtimes differ from their targets'
+    snapshot = tmp_path / "snapshots" / "rev"
+    snapshot.mkdir(parents=True)
+    for i, path in enumerate(paths):
+        os.symlink(os.path.relpath(path, snapshot), snapshot / f"train-{i}.parquet")
+    ds = ss.ParquetStream(str(tmp_path / "snapshots"), batch_size=16, rank=0, world_size=1)
+    ids = sorted(int(i) for b in ds for i in b["sample_id"] if i >= 0)
+    assert ids == list(range(95))  # it was "the file changed since it was cataloged"
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d: os.symlink(d / "gone.parquet", d / "dangling.parquet"),
+     r"dangling\.parquet is a symbolic link to .*gone\.parquet.*which does not exist"),
+    (lambda d: (os.symlink(d / "b.parquet", d / "a.parquet"), os.symlink(d / "a.parquet", d / "b.parquet")), r"is a symbolic link loop"),
+])
+def test_dangling_links_and_link_loops_are_named_as_such(tmp_path, make, message):
+    data = tmp_path / "data"
+    write_corpus(str(data), [[10]])
+    make(data)
+    with pytest.raises(ss.CatalogError, match=message):
+        ss.Catalog.build(str(data))
