@@ -22,6 +22,7 @@ import errno
 import logging
 import threading
 import time
+import warnings
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from functools import cached_property
 from dataclasses import dataclass, field
@@ -333,8 +334,10 @@ def list_entries(
     filesystems = filesystems or FileSystems()
     policy = retry or RetryPolicy()
     found: dict[str, FileEntry] = {}
+    seen: dict[tuple[Any, ...], str] = {}  # a file's identity -> the URL it was first listed under
+    again: list[str] = []
     for path in paths:
-        def attempt(left: float, path: str = path) -> dict[str, FileEntry]:
+        def attempt(left: float, path: str = path) -> dict[str, tuple[FileEntry, tuple[Any, ...] | None]]:
             return _expand(path, filesystems, time.monotonic() + left)
 
         try:
@@ -345,12 +348,22 @@ def list_entries(
             cause = exc.last if isinstance(exc, RetriesExhausted) else exc
             extra = f" ({exc.attempts} attempts in {exc.elapsed:.1f} s)" if isinstance(exc, RetriesExhausted) else ""
             raise CatalogError(filesystems.redact(f"listing {path!r} failed{extra}: {describe(cause)}")) from None
-        found.update(matched)
+        for url, (entry, identity) in matched.items():
+            first = seen.setdefault(identity, url) if identity is not None else url
+            if first != url:
+                again.append(f"{url} (= {first})")
+            else:
+                found[url] = entry
+    if again:  # one file under two spellings (d and d/../d, d//x, a hard link) would be two sets of ids
+        warnings.warn(filesystems.redact(
+            f"paths name {len(again)} file(s) a second time under another spelling; each is read once: "
+            f"{', '.join(again[:3])}"), stacklevel=3)
     return [found[url] for url in sorted(found)]
 
 
-def _expand(path: str, filesystems: FileSystems, until: float) -> dict[str, FileEntry]:
-    """The files ``path`` names, each storage call cut off at ``until``; ``CatalogError`` if none, saying why."""
+def _expand(path: str, filesystems: FileSystems, until: float) -> dict[str, tuple[FileEntry, tuple[Any, ...] | None]]:
+    """The files ``path`` names, each storage call cut off at ``until``, with their identity where the
+    store gives one (``_identity``); ``CatalogError`` if none, saying why."""
     fs, root = filesystems.resolve(path)
 
     def bound() -> dict[str, float]:
@@ -367,7 +380,7 @@ def _expand(path: str, filesystems: FileSystems, until: float) -> dict[str, File
         entries = fs.glob(root, detail=True, **bound())
         if not entries:
             raise CatalogError(f"no files matched {path!r}{_why_no_match(fs, root, bound)}") from None
-    out: dict[str, FileEntry] = {}
+    out: dict[str, tuple[FileEntry, tuple[Any, ...] | None]] = {}
     for name, info in entries.items():
         if info.get("type") == "directory":
             for sub, subinfo in fs.find(name, detail=True, **bound()).items():
@@ -376,13 +389,21 @@ def _expand(path: str, filesystems: FileSystems, until: float) -> dict[str, File
                     if subinfo.get("islink"):
                         subinfo = _followed(fs, sub, subinfo, bound)
                     url = fs.unstrip_protocol(sub)
-                    out[url] = FileEntry(url, int(subinfo["size"]), file_version(subinfo))
+                    out[url] = FileEntry(url, int(subinfo["size"]), file_version(subinfo)), _identity(subinfo)
         else:
             url = fs.unstrip_protocol(name)
-            out[url] = FileEntry(url, int(info["size"]), file_version(info))
+            out[url] = FileEntry(url, int(info["size"]), file_version(info)), _identity(info)
     if not out:
         raise CatalogError(f"no files matched {path!r} (only empty directories or hidden/marker files)")
     return out
+
+
+def _identity(info: dict[str, Any]) -> tuple[Any, ...] | None:
+    """What makes two listed names one file, where the store says (an inode number, with the size and
+    mtime that make a clash across devices implausible); None where it does not (object stores, whose
+    keys are their identity)."""
+    ino = info.get("ino")
+    return None if ino in (None, 0) else (ino, info.get("size"), info.get("mtime"))
 
 
 def _followed(fs: Any, path: str, link: dict[str, Any], bound: Callable[[], dict[str, float]]) -> dict[str, Any]:

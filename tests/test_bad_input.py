@@ -192,3 +192,14 @@ def test_dangling_links_and_link_loops_are_named_as_such(tmp_path, make, message
     make(data)
     with pytest.raises(ss.CatalogError, match=message):
         ss.Catalog.build(str(data))
+
+
+def test_one_directory_named_twice_under_other_spellings_gives_each_row_once(tmp_path):
+    # issue 23 item 3: [d, d/../d] and d// delivered every row twice under two sample_ids
+    data = tmp_path / "data"
+    write_corpus(str(data), [[40, 30], [25]])
+    spellings = [str(data), f"{data}/../data", f"{tmp_path}//data", f"{data}//part-00001.parquet"]
+    with pytest.warns(UserWarning, match=r"paths name 5 file\(s\) a second time under another spelling"):
+        ds = ss.ParquetStream(spellings, batch_size=16, rank=0, world_size=1)
+        ids = sorted(int(i) for b in ds for i in b["sample_id"] if i >= 0)
+    assert ids == list(range(95)) and ds.catalog.num_files == 2
