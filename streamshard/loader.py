@@ -244,9 +244,11 @@ class StreamLoader:
     * ``for batch in loader`` yields the rest of the current epoch; when an epoch is exhausted
       the loader moves the dataset to the next epoch itself (``set_epoch`` is still honoured:
       setting another epoch on the loader or the dataset starts that epoch from its beginning).
-      Breaking out of the loop and iterating again continues where the loop stopped.
-    * ``len(loader)``: the batches this rank yields from its current position to the end of the
-      epoch, exact before and after a resume.
+      Breaking out of the loop and iterating again continues where the loop stopped; a loaded
+      state is resumed by the next pass only (README, "Passes and epochs").
+    * ``len(loader)``: this rank's epoch in batches as frameworks count it (torchdata's
+      ``StatefulDataLoader``, Lightning): the batches a loaded state says were consumed before, plus
+      the pass's; constant through the epoch. ``batches_left()``: what is still to come.
     * ``state_dict()``: a small JSON dict, the same on every rank of a synchronous job;
       ``load_state_dict(state)`` on any world size and worker count delivers the rest of the
       epoch exactly once, with equal steps on every rank (map-style: exactly once apart from the
