@@ -57,6 +57,8 @@ class BlendedStream(PlannedStream):
         rank, world_size: default to the corpora's explicit topology, then torch.distributed,
             then RANK/WORLD_SIZE, then 0/1.
         mesh: instead of rank/world_size, the 1-D data-parallel torch ``DeviceMesh`` (``mesh["dp"]``).
+            Build the corpora with the same ``mesh=`` too: each corpus splits its catalog's footer
+            reads over its own group (without it, the default group: every rank must build it).
     """
 
     def __init__(self, datasets: Mapping[str, ParquetStream], weights: Mapping[str, float], batch_size: int,
@@ -198,7 +200,7 @@ def _topology_args(datasets: list[ParquetStream], rank: int | None,
                    world_size: int | None) -> tuple[int | None, int | None]:
     """The blend's (rank, world size) arguments: explicit, else the corpora's explicit one (None: the
     default, resolved on first use); disagreement raises."""
-    given = {ds._rank_args for ds in datasets if ds._topology_given}
+    given = {ds._rank_args for ds in datasets if ds.topology_given}
     if len(given) > 1:
         raise ValueError(f"the corpora of a BlendedStream were built for different ranks/world sizes: {sorted(given)}; "
                          "build them alike, or leave rank/world_size to the BlendedStream")

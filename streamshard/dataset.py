@@ -146,7 +146,6 @@ class ParquetStream(PlannedStream):
             group = mesh.get_group()  # the catalog's footer reads are split over the data-parallel ranks
         super().__init__(rank, world_size)
         self._catalog_group = group
-        self._topology_given = rank is not None and world_size is not None
         self.storage_options = dict(storage_options or {})
         self.transform = transform
         self.catalog_cache = catalog_cache
@@ -199,7 +198,7 @@ class ParquetStream(PlannedStream):
         """Whether the ranks that build this catalog are a process group's, so they can split the reads:
         the data-parallel mesh's group, or the default group when the rank is its own (explicit ranks of
         another numbering, as under tensor parallelism, may not all build it: each reads all)."""
-        if self._catalog_group is not None or not self._topology_given:
+        if self._catalog_group is not None or not self.topology_given:
             return True
         return collective.process_group() in (None, self.topology)
 

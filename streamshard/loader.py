@@ -18,7 +18,6 @@ break-and-continue are the same code for both.
 
 from __future__ import annotations
 
-import weakref
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Protocol
@@ -92,7 +91,7 @@ class _Source(Protocol):
 
     def continue_after(self, origin: Any, consumed: int, num_workers: int) -> Any: ...
 
-    def data_loader(self, origin: Any, **kwargs: Any) -> DataLoader: ...
+    def data_loader(self, **kwargs: Any) -> DataLoader: ...
 
 
 class _Stream:
@@ -131,7 +130,7 @@ class _Stream:
     def continue_after(self, origin: Position, consumed: int, num_workers: int) -> Position:
         return self.stream.position_after(origin, consumed, num_workers)
 
-    def data_loader(self, origin: Position, **kwargs: Any) -> DataLoader:
+    def data_loader(self, **kwargs: Any) -> DataLoader:
         return DataLoader(self.stream, batch_size=None, **kwargs)  # type: ignore[arg-type]
 
 
@@ -174,8 +173,6 @@ class _Sampled:
         return origin[1] // self.batch_size
 
     def state_after(self, origin: tuple[int, int, int], consumed: int, num_workers: int) -> dict[str, Any]:
-        if origin[0] != self.sampler.epoch:  # the sampler moved on (a pass never started): no count to give
-            return self.sampler.state_dict()
         if consumed >= self.pass_batches(origin, num_workers):  # a drop_last pass ends before the sampler does
             return self.sampler.state_dict(consumed=origin[1] + origin[2])  # the next epoch's beginning
         return self.sampler.state_dict(consumed=origin[1] + min(consumed * self.batch_size, origin[2]))
@@ -184,7 +181,7 @@ class _Sampled:
         self.sampler.load_state_dict(self.state_after(origin, consumed, num_workers))
         return self.origin()
 
-    def data_loader(self, origin: tuple[int, int, int], **kwargs: Any) -> DataLoader:
+    def data_loader(self, **kwargs: Any) -> DataLoader:
         return DataLoader(self.dataset, sampler=self.sampler, batch_size=self.batch_size, drop_last=self.drop_last,
                           collate_fn=self.collate_fn, **kwargs)
 
@@ -203,12 +200,10 @@ class _EpochSetter:
     ``_set_sampler_epoch`` looks for ``dataloader.sampler.set_epoch``); it sets the loader's epoch."""
 
     def __init__(self, loader: "StreamLoader") -> None:
-        self._loader = weakref.ref(loader)
+        self._loader = loader
 
     def set_epoch(self, epoch: int) -> None:
-        loader = self._loader()
-        if loader is not None:
-            loader.set_epoch(epoch)
+        self._loader.set_epoch(epoch)
 
 
 _PROCESS_PREFETCH = 4  # batches in flight per worker process by default: +8% over 2 at 256-row batches
@@ -325,8 +320,7 @@ class StreamLoader:
                                  multiprocessing_context=multiprocessing_context, timeout=timeout,
                                  worker_init_fn=worker_init_fn)
         self._epoch = self._source.epoch
-        self._pass: _Pass | None = None  # the running (or last) pass of this epoch
-        self._loaded = False  # load_state_dict was called and no pass has started since
+        self._pass: _Pass | None = None  # the running (or last) pass of this epoch; None: the source's origin next
         self._loader: DataLoader | None = None
 
     @property
@@ -350,11 +344,9 @@ class StreamLoader:
         """Start a full pass of ``epoch`` on the next iteration, unless a state for ``epoch`` was
         loaded and no pass has used it yet (then the next pass resumes it)."""
         epoch = check_int(epoch, "epoch", 0)
-        if not (self._loaded and epoch == self._epoch):
-            self._loaded = False
         self._pass = None  # a pass running now is superseded: its next batch raises
         self._epoch = epoch
-        self._source.set_epoch(epoch)
+        self._source.set_epoch(epoch)  # the source keeps a loaded state of this epoch that no pass used
 
     def __len__(self) -> int:
         """This rank's epoch in batches as a framework counts them, constant through the epoch: the
@@ -367,11 +359,9 @@ class StreamLoader:
     def batches_left(self) -> int:
         """Batches this rank still yields in the current epoch: the rest of the running (or stopped)
         pass, else all the next pass yields (after ``load_state_dict``: the rest of the resumed epoch)."""
-        self._follow_dataset_epoch()
-        last = self._pass
-        if last is None or self._loaded:
-            return self._source.pass_batches(self._source.origin(), self.num_workers)
-        return self._source.pass_batches(last.origin, self.num_workers) - last.consumed
+        origin = self._next_origin(advance=False)  # first: it follows an epoch set on the dataset
+        consumed = self._pass.consumed if self._pass is not None else 0
+        return self._source.pass_batches(origin, self.num_workers) - consumed
 
     # -- checkpoint ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -389,7 +379,7 @@ class StreamLoader:
             raise StateError("this is a per-worker state from torchdata's StatefulDataLoader; StreamLoader loads "
                              "the rank states it saves itself")
         self._source.load_state_dict(state)
-        self._epoch, self._pass, self._loaded = self._source.epoch, None, True
+        self._epoch, self._pass = self._source.epoch, None
         self._loader = None  # workers must start from the new position
 
     # -- iteration ----------------------------------------------------------------------------
@@ -399,7 +389,6 @@ class StreamLoader:
         origin = self._next_origin(advance=True)
         self._source.set_epoch(self._epoch)  # the catalog is read here once; workers inherit it
         current = self._pass = _Pass(self._epoch, origin)
-        self._loaded = False
         if self.workers in ("threads", "none") and isinstance(self._source, _Stream):
             passes = self._source.stream.worker_passes(self.num_workers, origin)
             if self.workers == "none":
@@ -433,7 +422,7 @@ class StreamLoader:
         origin ``len()`` counts from."""
         self._follow_dataset_epoch()
         last = self._pass
-        if last is None or self._loaded:
+        if last is None:
             return self._source.take_origin() if advance else self._source.origin()
         if not advance:  # len(): the epoch of the running (or last) pass, counted from its beginning
             return last.origin
@@ -445,10 +434,10 @@ class StreamLoader:
     def _data_loader(self, origin: Any) -> DataLoader:
         # Persistent workers can run another pass unless it starts mid-epoch: a stream's workers take a
         # resumed origin only when they start (a map-style sampler resumes in this process, always fine).
-        fresh = not isinstance(self._source, _Stream) or (not origin.history and origin.worker is None)
+        fresh = not isinstance(self._source, _Stream) or origin.fresh
         reusable = self._loader is not None and self._loader_args["persistent_workers"] and fresh
         if not reusable:
-            self._loader = self._source.data_loader(origin, num_workers=self.num_workers, pin_memory=self.pin_memory,
+            self._loader = self._source.data_loader(num_workers=self.num_workers, pin_memory=self.pin_memory,
                                                     **self._loader_args)
         assert self._loader is not None
         return self._loader
@@ -456,7 +445,7 @@ class StreamLoader:
     def _follow_dataset_epoch(self) -> None:
         """A ``set_epoch`` called on the dataset (or sampler) directly moves the loader to that epoch."""
         if self._source.epoch != self._epoch:
-            self._epoch, self._pass, self._loaded = self._source.epoch, None, False
+            self._epoch, self._pass = self._source.epoch, None
 
     def __repr__(self) -> str:
         consumed = self._pass.consumed if self._pass is not None else 0

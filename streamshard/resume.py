@@ -39,6 +39,11 @@ class Position:
     history: list[Segment] = field(default_factory=list)  # rank states: the current topology's segment last
     worker: WorkerPosition | None = None  # worker states: history holds the completed segments only
 
+    @property
+    def fresh(self) -> bool:
+        """The epoch's beginning: nothing consumed yet, by any topology or worker."""
+        return not self.history and self.worker is None
+
 
 @dataclass(frozen=True)
 class Start:

@@ -35,7 +35,7 @@ from .integrations.accelerate import check_pass_context
 from .resume import Planner, Position, Start, WorkerPosition
 from .shared_cell import EpochCell
 from .state import STATE_VERSION, check_fingerprint, history_json, int_field, parse_history, require
-from .topology import current_worker, known_rank_world, resolve_rank_world
+from .topology import current_worker, distributed_rank_world, known_rank_world, resolve_rank_world
 from .validate import check_int
 
 _RANK_KEYS = ("version", "kind", "epoch", "fingerprint", "history")
@@ -95,7 +95,12 @@ class PlannedStream(IterableDataset):
         """Take the rank and world size from these arguments (None: resolved when used)."""
         self._rank_args = (rank, world_size)
         known_rank_world(rank, world_size)  # bad values fail here, at construction
-        self._topology: tuple[int, int] | None = (rank, world_size) if None not in (rank, world_size) else None
+        self._topology: tuple[int, int] | None = (rank, world_size) if self.topology_given else None
+
+    @property
+    def topology_given(self) -> bool:
+        """Whether rank and world size were both given (explicitly or by a mesh), not resolved."""
+        return None not in self._rank_args
 
     # -- epoch and length -----------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -302,7 +307,7 @@ class PlannedStream(IterableDataset):
     def handing_over(self, origin: Position) -> Iterator[None]:
         """While DataLoader workers start (``StreamLoader``'s worker processes), their copies of this
         stream carry ``origin`` as the state their first pass uses; this process keeps none."""
-        if origin.history or origin.worker is not None:
+        if not origin.fresh:
             self._pending, self._pending_here = origin, False
             self._loads = self._cell.record_load()
         try:
@@ -327,14 +332,13 @@ class PlannedStream(IterableDataset):
         """A second full pass over one shuffled epoch, with no set_epoch between, repeats its order
         exactly: say so, once."""
         epoch = self.epoch
-        fresh = not origin.history and origin.worker is None
-        if fresh and self._cell.last_pass == epoch and self.shuffled and not self._repeat_warned:
+        if origin.fresh and self._cell.last_pass == epoch and self.shuffled and not self._repeat_warned:
             self._repeat_warned = True
             warnings.warn(
                 f"{type(self).__name__}: another pass over epoch {epoch} without set_epoch() delivers the same order "
                 "as the last one; call set_epoch(epoch) every epoch, or iterate with ss.StreamLoader, which moves to "
                 "the next epoch by itself", stacklevel=4)
-        if fresh:
+        if origin.fresh:
             self._cell.last_pass = epoch
 
     @property
@@ -353,6 +357,10 @@ class PlannedStream(IterableDataset):
         return self._slots.wrap
 
     def __getstate__(self) -> dict[str, Any]:
-        # A spawned worker gets the rank resolved here: its own process has no process group, and its
-        # environment may not name the rank (Lightning). A forked one resolves it as this process does.
-        return {**self.__dict__, "_slots": None, "_topology": self.topology}  # a worker's slots stay in that worker
+        state = {**self.__dict__, "_slots": None}  # a worker's slots stay in that worker
+        if self._topology is None and distributed_rank_world()[1] is not None:
+            # A spawned DataLoader worker has no process group, and its environment may not name the rank
+            # (Lightning): it gets this process's. Without a group the copy resolves its own (ddp_spawn's
+            # launcher pickles the module before its children know their ranks).
+            state["_topology"] = self.topology
+        return state

@@ -218,6 +218,7 @@ def test_a_dataset_built_before_init_process_group_follows_the_process_group(sma
     early = ss.ParquetStream(small_corpus)
     explicit = ss.ParquetStream(small_corpus, rank=1, world_size=2)
     assert early.topology == (1, 2)  # what is known before the group exists
+    copied = pickle.dumps(early)  # pickled before any group (ddp_spawn's launcher): resolves where it runs
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(_free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
@@ -228,9 +229,12 @@ def test_a_dataset_built_before_init_process_group_follows_the_process_group(sma
             explicit.set_epoch(0)
         assert early.topology == (0, 1), "the process group's rank, not the one read before it existed"
         assert explicit.topology == (1, 2), "explicit arguments win"
-        assert pickle.loads(pickle.dumps(early)).topology == (0, 1)  # a spawned worker gets it resolved
+        assert pickle.loads(copied).topology == (0, 1)
+        pinned = pickle.dumps(early)  # a spawned DataLoader worker's copy: it has no process group
     finally:
         dist.destroy_process_group()
+    assert pickle.loads(pinned).topology == (0, 1), "the group's rank travels with the copy"
+    assert pickle.loads(copied).topology == (1, 2) == early.topology  # no group: the environment again
 
 
 def _free_port():

@@ -52,11 +52,12 @@ def test_tp_ranks_of_a_dp_group_get_the_same_batches_and_dp_groups_split_the_dat
     assert len({json.dumps(r["state"], sort_keys=True) for r in ranks}) == 1  # one checkpoint serves every rank
 
 
-def test_only_one_tp_rank_per_dp_group_reading_does_not_hang(corpus):
+@pytest.mark.parametrize("via", ["mesh", "explicit"])  # the mesh's group splits the reads; explicit ranks read all
+def test_only_one_tp_rank_per_dp_group_reading_does_not_hang(corpus, via):
     """As a pipeline's first stage (or Megatron's tp rank 0) reads for its group: ranks 1 and 3 never
     touch the data, so nothing may wait for them in a collective over all 4 processes."""
-    ranks = torchrun("--data", str(corpus / "data"), "--report", str(corpus / "first-tp"), "--readers", "first-tp",
-                     timeout=60)
+    ranks = torchrun("--data", str(corpus / "data"), "--report", str(corpus / f"first-tp-{via}"), "--readers",
+                     "first-tp", "--via", via, timeout=60)
     readers = [ranks[0]["passes"], ranks[2]["passes"]]
     assert ranks[1]["passes"] == ranks[3]["passes"] == []
     for epoch in range(2):

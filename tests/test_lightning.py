@@ -213,6 +213,17 @@ def test_a_mid_epoch_resume_trains_each_epoch_once_on_any_number_of_devices(corp
             assert resumed.steps(rank) == [s for s in reference.steps(rank) if s[0] >= PREEMPT_AT]
 
 
+def test_without_elastic_resume_lightning_cuts_a_resume_onto_more_devices_short(corpus, preempted, tmp_path):
+    """Why ``ElasticResume`` ships: Lightning 2.6 caps the resumed epoch at the length it read before the load
+    (2 -> 3 devices at step 6 of 18: 6 of the 8 steps left run, 40 of 400 rows never train). If this starts
+    to pass through, Lightning changed and the callback may no longer be needed."""
+    checkpoint = preempted.ckpt_dir / "steps" / f"epoch=0-step={PREEMPT_AT}.ckpt"
+    plain = run_job(corpus, tmp_path / "job", 3, "--resume", str(checkpoint), "--plain")
+    trained = epoch_ids(preempted, plain, epoch=0)
+    assert len(np.unique(trained)) == len(trained), "nothing repeated"
+    assert ROWS - len(trained) == 40, f"{ROWS - len(trained)} rows of epoch 0 never trained (README: 40)"
+
+
 @pytest.mark.parametrize("kind, devices", [("steps", 2), ("epochs", 2), ("steps", 1)])
 def test_a_resume_at_the_end_of_an_epoch_continues_with_the_next_epoch_and_its_order(corpus, reference, kind, devices,
                                                                                      tmp_path):
