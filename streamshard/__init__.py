@@ -6,7 +6,8 @@ from .blend_schedule import BlendSchedule, blend_counts
 from .cache import ActivationCache, CacheStats, module_fingerprint
 from .catalog import Catalog
 from .dataset import ParquetStream
-from .errors import CatalogError, ConversionError, ReadError, StateError, StreamshardError, TopologyError
+from .errors import (CatalogError, ConversionError, HandOffError, ReadError, StateError, StreamshardError,
+                     TopologyError)
 from .loader import StreamLoader
 from .packed import PackedStream, cu_seqlens
 from .permutation import Permutation, mix_seed
@@ -24,6 +25,7 @@ __all__ = [
     "ConversionError",
     "DevicePrefetcher",
     "ElasticSampler",
+    "HandOffError",
     "PackedStream",
     "ParquetStream",
     "Permutation",

@@ -25,3 +25,7 @@ class StateError(StreamshardError, ValueError):
 
 class TopologyError(StreamshardError, RuntimeError):
     """The data-parallel rank is not known yet (or contradicts itself); the message names the variables."""
+
+
+class HandOffError(StreamshardError, RuntimeError):
+    """A batch could not leave a DataLoader worker process (shared memory and the pipe both failed)."""
