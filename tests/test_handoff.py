@@ -221,7 +221,7 @@ def _with_unpicklable(batch):
 
 
 def test_a_batch_value_that_cannot_be_pickled_is_an_error_in_the_loop_naming_its_key(tmp_path):
-    """Before: the feeder thread printed the pickling error and dropped every batch: an empty epoch."""
+    """Before: the feeder thread printed the pickling error and dropped the batch; the loop waited forever."""
     path = corpus(tmp_path)
     ds = ss.ParquetStream(path, batch_size=32, rank=0, world_size=1, transform=_with_unpicklable)
     with pytest.raises(ss.HandOffError, match="'handle'.*not today"):
