@@ -11,7 +11,9 @@ must agree, byte ranges inside the file, the schema against the projection); an 
 is dropped with a warning and that file's footer read again, so a damaged cache costs requests,
 never a crash or wrong sample ids.
 
-The cache is opt-in (``cache_dir``): streamshard writes nothing to disk unless asked.
+The cache is opt-in (``cache_dir``): streamshard writes nothing to disk unless asked. It holds no
+credentials: URLs are written with theirs replaced by ``***`` (``storage.redact_url``: a presigned
+URL's signature and token, a ``user:password@``), and entries are matched by that form.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 from .catalog_records import FileEntry, FileFooter
+from .storage import redact_url
 
 log = logging.getLogger("streamshard")
 
@@ -100,14 +103,15 @@ class CatalogCache:
         entries = stored["files"]
         valid, rejected = {}, []
         for file in files:
-            entry = entries.get(file.url)
+            written = redact_url(file.url)
+            entry = entries.get(written)
             if entry is None or not file.version:
                 continue
-            problem = check_entry(entry, file, self.columns)
+            problem = check_entry(entry, file, self.columns, written)
             if problem is None:
-                valid[file.url] = entry
+                valid[file.url] = {**entry, "url": file.url}
             elif problem:  # '' = a stale entry (the file changed): expected, not worth a warning
-                rejected.append(f"{file.url}: {problem}")
+                rejected.append(f"{written}: {problem}")
         if rejected:
             log.warning("catalog cache %s: ignoring %d damaged entr%s (their footers are read again): %s",
                         self.path, len(rejected), "y" if len(rejected) == 1 else "ies", "; ".join(rejected[:3]))
@@ -120,7 +124,8 @@ class CatalogCache:
         filesystem, a path through a file) is a warning naming it, and the build goes on.
         """
         directory = os.path.dirname(self.path)
-        payload = {"format": FORMAT_VERSION, "columns": self.columns, "files": {f["url"]: f for f in footers}}
+        written = [{**f, "url": redact_url(f["url"])} for f in footers]
+        payload = {"format": FORMAT_VERSION, "columns": self.columns, "files": {f["url"]: f for f in written}}
         tmp = None
         try:
             os.makedirs(directory, exist_ok=True)
@@ -142,11 +147,12 @@ _KEYS = {"url", "size", "version", "footer_length", "rows", "ranges_shape", "ran
          "values"}
 
 
-def check_entry(entry: Any, file: FileEntry, columns: Sequence[str] | None) -> str | None:
-    """None if ``entry`` is a well-formed, current footer dict of ``file``; '' if it is stale; else what is wrong."""
+def check_entry(entry: Any, file: FileEntry, columns: Sequence[str] | None, url: str) -> str | None:
+    """None if ``entry`` is a well-formed, current footer dict of ``file``, written under ``url`` (its
+    URL as written down); '' if it is stale; else what is wrong."""
     if not isinstance(entry, dict) or set(entry) != _KEYS:
         return f"not an entry with keys {sorted(_KEYS)}"
-    if entry["url"] != file.url or not isinstance(entry["version"], str):
+    if entry["url"] != url or not isinstance(entry["version"], str):
         return "its url or version is malformed"
     if not _is_int(entry["size"]) or entry["size"] < 0:
         return f"size {entry['size']!r:.40} is not a byte count"

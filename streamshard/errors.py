@@ -4,7 +4,13 @@ from __future__ import annotations
 
 
 class StreamshardError(Exception):
-    """Base class of every error this package raises on purpose."""
+    """Base class of every error this package raises on purpose. Its message never holds a secret this
+    process knows of (storage options' and URLs' credentials: ``storage.REDACTION``)."""
+
+    def __init__(self, *args: object) -> None:
+        from .storage import REDACTION  # here: storage imports the errors of retry, which import these
+
+        super().__init__(*(REDACTION.redact(a) if isinstance(a, str) else a for a in args))
 
 
 class CatalogError(StreamshardError, ValueError):

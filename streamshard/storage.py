@@ -8,10 +8,13 @@ configure it, we turn it down to one attempt (unless the caller set it), so the 
 attempts and time that the caller chose are the bounds that hold. On async backends every call
 also carries the time left until the retry deadline as its timeout (``timeout_kw``).
 
-Secrets: the values of secret-looking storage options are replaced by ``***`` in our messages
-(``FileSystems.redact``) and, from the moment a filesystem (client) is created with them, in every
-log record of the storage libraries' loggers (``LogRedaction``), whatever level their owner enables:
-the client holding them lives as long as the process (it is shared), and so does the redaction.
+Secrets: the values of secret-looking storage options, and the credentials a URL carries (a
+presigned query string's signature, credential and token; ``user:password@``), are replaced by
+``***`` in our messages (``FileSystems.redact``; every ``StreamshardError``), in every log record of
+the storage libraries' loggers (``LogRedaction``), whatever level their owner enables, and in what
+we write to disk (``redact_url``: the catalog cache). They are registered when a filesystem (client)
+is created with them or a URL is first resolved: the client holding them lives as long as the
+process (it is shared), and so does the redaction.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import logging
 import os
 import threading
 from typing import Any, Awaitable, Callable, Iterable
+from urllib.parse import unquote
 
 import fsspec
 from fsspec.core import split_protocol
@@ -46,6 +50,10 @@ _BACKEND_ATTRIBUTES: dict[str, dict[str, Any]] = {"s3": {"retries": 1}, "s3a": {
 
 # storage_options keys whose string values are secrets (matched as substrings, lower case).
 _SECRET_KEY_PARTS = ("secret", "token", "password", "passwd", "credential", "key", "session", "auth", "sas")
+# Query parameters of a URL that are secrets: those whose names hold a part above, and the signatures
+# of presigned URLs (S3's X-Amz-Signature, GCS's X-Goog-Signature, Azure SAS's sig, CloudFront's
+# Signature and Policy), named exactly ("SignedHeaders" holds no secret).
+_URL_SECRET_KEYS = frozenset({"sig", "signature", "policy", "x-amz-signature", "x-goog-signature"})
 
 
 class FileSystems:
@@ -59,6 +67,8 @@ class FileSystems:
 
     def resolve(self, url: str) -> tuple[fsspec.AbstractFileSystem, str]:
         protocol = split_protocol(url)[0] or "file"
+        if "?" in url or "@" in url:
+            self.add_secrets(url_secrets(url))
         with self._lock:
             fs = self._by_protocol.get(protocol)
             if fs is None:
@@ -66,10 +76,44 @@ class FileSystems:
         return fs, fs._strip_protocol(url)
 
     def redact(self, text: str) -> str:
-        """``text`` with every secret of the storage options replaced by ``***``."""
+        """``text`` with every secret of the storage options and of the URLs resolved so far (in this
+        process, by any ``FileSystems``) replaced by ``***``."""
         for secret in self._secrets:
             text = text.replace(secret, "***")
-        return text
+        return REDACTION.redact(text)
+
+    def add_secrets(self, secrets: Iterable[str]) -> None:
+        """Redact ``secrets`` from now on, here and in the storage libraries' log records (for as long
+        as the process lives: a URL's credentials may sit in a shared client's connection pool)."""
+        REDACTION.add_permanent(secrets)
+
+
+def url_secrets(url: str) -> list[str]:
+    """The credentials ``url`` carries, as they appear in it and decoded: the password of a
+    ``user:password@`` and the values of secret-looking query parameters (presigned URLs)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:  # a local path: '?' and '@' are only characters of its name
+        return []
+    found: list[str] = []
+    authority = rest.split("/", 1)[0].split("?", 1)[0]
+    userinfo, at, _ = authority.rpartition("@")
+    if at and ":" in userinfo:
+        found.append(userinfo.split(":", 1)[1])
+    query = rest.partition("?")[2].partition("#")[0]
+    for pair in filter(None, query.split("&")):
+        key, _, value = pair.partition("=")
+        key = unquote(key).lower()
+        if key in _URL_SECRET_KEYS or any(part in key for part in _SECRET_KEY_PARTS):
+            found.append(value)
+    secrets = {form for raw in found for form in (raw, unquote(raw), unquote(raw.replace("+", " ")))}
+    return sorted((x for x in secrets if len(x) >= 4), key=len, reverse=True)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its credentials (:func:`url_secrets`) replaced by ``***``: what may be written down."""
+    for secret in url_secrets(url):
+        url = url.replace(secret, "***")
+    return url
 
 
 # Filesystems shared by every FileSystems of this process with the same protocol and options:
@@ -356,6 +400,7 @@ class LogRedaction:
 
     def __init__(self) -> None:
         self._counts: dict[str, int] = {}
+        self._permanent: set[str] = set()
         self._secrets: tuple[str, ...] = ()
         self._previous: Any = None
         self._lock = threading.Lock()
@@ -385,12 +430,22 @@ class LogRedaction:
         """Forget every secret and put the previous record factory back (when still possible)."""
         with self._lock:
             self._counts.clear()
+            self._permanent.clear()
             self._update()
 
     def redact(self, text: str) -> str:
         for secret in self._secrets:
             text = text.replace(secret, "***")
         return text
+
+    def add_permanent(self, secrets: Iterable[str]) -> None:
+        """``add`` for secrets never discarded, each counted once however often it is added."""
+        with self._lock:
+            fresh = [x for x in secrets if x not in self._permanent]
+            if not fresh:
+                return
+            self._permanent.update(fresh)
+        self.add(fresh)
 
     def _update(self) -> None:
         self._secrets = tuple(sorted(self._counts, key=len, reverse=True))

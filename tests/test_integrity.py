@@ -25,7 +25,7 @@ from streamshard.delivery import deliver
 from streamshard.footer import SHARED_FOOTERS
 from streamshard.reader import RowGroupReader
 from streamshard.retry import RetryPolicy
-from streamshard.storage import REDACTION, FileSystems, LogRedaction
+from streamshard.storage import REDACTION, FileSystems, LogRedaction, redact_url, url_secrets
 from streamshard.testing import faulty_proxy, write_corpus, write_fixed
 
 
@@ -443,3 +443,62 @@ def test_after_a_footer_read_fails_no_further_footer_read_starts(tmp_path):
         Catalog.build(f"failsecond://{tmp_path}", max_concurrency=2, distributed=False)
     # The read in flight when it failed finishes; the 38 queued behind it never start.
     assert sorted(SecondFooterFailsFileSystem.started) == ["part-00000.parquet", "part-00001.parquet"]
+
+
+SIGNED = ("https://bucket.s3.amazonaws.com/k/x.parquet?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIAEXAMPLE"
+          "%2F20261126%2Fus-east-1%2Fs3%2Faws4_request&X-Amz-Date=20261126T000000Z&X-Amz-Expires=3600"
+          "&X-Amz-SignedHeaders=host&X-Amz-Signature=0f1e2d3c4b5a69788796a5b4&X-Amz-Security-Token=FQoGZXIv%2Bq")
+
+
+@pytest.mark.parametrize("url, secrets, kept", [
+    (SIGNED, ["0f1e2d3c4b5a69788796a5b4", "FQoGZXIv+q", "FQoGZXIv%2Bq", "AKIAEXAMPLE%2F20261126"],
+     ["X-Amz-Date=20261126T000000Z", "X-Amz-SignedHeaders=host", "X-Amz-Expires=3600"]),
+    ("https://storage.googleapis.com/b/o.parquet?X-Goog-Algorithm=GOOG4-RSA-SHA256&X-Goog-Signature=9a8b7c6d5e",
+     ["9a8b7c6d5e"], ["X-Goog-Algorithm=GOOG4-RSA-SHA256"]),
+    ("https://acct.blob.core.windows.net/c/x.parquet?sv=2022-11-02&se=2026-12-01&sp=r&sig=AbCd%2FeF%3D",
+     ["AbCd%2FeF%3D", "AbCd/eF="], ["sv=2022-11-02", "sp=r"]),
+    ("s3://alice:hunter2-pw@minio.local:9000/bucket/x.parquet", ["hunter2-pw"], ["alice", "minio.local:9000"]),
+    ("/data/odd?token=name/x.parquet", [], ["token=name"]),  # a local path: '?' is part of the name
+])
+def test_the_credentials_a_url_carries_are_found_and_only_those(url, secrets, kept):
+    found = url_secrets(url)
+    assert all(any(s in f for f in found) for s in secrets), found
+    written = redact_url(url)
+    assert not [s for s in secrets if s in written] and all(k in written for k in kept), written
+
+
+def test_a_presigned_url_streams_and_its_signature_reaches_no_error_log_record_or_cache_file(s3, tmp_path, caplog):
+    """Before: the signature was in the catalog cache's JSON on disk, in DEBUG records and in errors."""
+    import boto3
+
+    write_corpus(str(tmp_path / "src"), [[30, 20]])
+    s3.upload(str(tmp_path / "src"), "presigned-bucket", "c")
+    client = boto3.client("s3", endpoint_url=s3.endpoint_url, aws_access_key_id=s3.key,
+                          aws_secret_access_key=s3.secret, region_name=s3.region)
+
+    def presign(key):
+        return client.generate_presigned_url("get_object", Params={"Bucket": "presigned-bucket", "Key": key})
+
+    url, missing = presign("c/part-00000.parquet"), presign("c/no-such-file.parquet")
+    signatures = [v for u in (url, missing) for v in url_secrets(u) if len(v) >= 16]
+    assert len(signatures) >= 2, url
+    cache = tmp_path / "cache"
+    with caplog.at_level(logging.DEBUG):
+        for _ in range(2):  # the second build reads its footer from the cache: matched by the written URL
+            ids = [i for b in ss.ParquetStream(url, batch_size=16, rank=0, world_size=1, catalog_cache=str(cache))
+                   for i in b["sample_id"].tolist()]
+            assert sorted(i for i in ids if i >= 0) == list(range(50))
+        with pytest.raises(ss.CatalogError) as failed:
+            ss.ParquetStream(missing, rank=0, world_size=1).set_epoch(0)
+    assert "1 from cache" in caplog.text
+    written = "".join(p.read_text() for p in cache.iterdir())
+    assert "presigned-bucket/c/part-00000.parquet?" in written
+    texts = [written, str(failed.value), *(r.getMessage() + (r.exc_text or "") for r in caplog.records)]
+    assert not [s for s in signatures for t in texts if s in t]
+
+
+def test_a_password_in_a_url_is_kept_out_of_the_error_that_names_it():
+    url = "http://reader:pAssw0rd-in-url@127.0.0.1:9/data/x.parquet"  # port 9 (discard): nothing listens
+    with pytest.raises(ss.StreamshardError) as failed:
+        Catalog.build([url], retry=RetryPolicy(max_attempts=1))
+    assert "127.0.0.1:9" in str(failed.value) and "pAssw0rd-in-url" not in str(failed.value)

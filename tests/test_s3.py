@@ -54,7 +54,7 @@ def test_one_s3_client_per_process_and_options(s3):
 
     a = FileSystems(s3.storage_options).resolve("s3://corpus-bucket/x")[0]
     b = FileSystems(dict(s3.storage_options)).resolve("s3://corpus-bucket/y")[0]
-    other = FileSystems({**s3.storage_options, "secret": "other"}).resolve("s3://corpus-bucket/x")[0]
+    other = FileSystems({**s3.storage_options, "secret": "other-secret-value"}).resolve("s3://corpus-bucket/x")[0]
     assert a is b and a is not other
 
 
