@@ -40,8 +40,8 @@ from .errors import CatalogError
 from .plan import Layout
 from .schema import parse_cast, unify
 from .state import catalog_digest
-from .footer import (SHARED_FOOTERS, FooterError, ParsedFooter, chunk_ranges, leaf_values, missing_footer_range,
-                     parse_footer, tail_range)
+from .footer import (SHARED_FOOTERS, FooterError, ParsedFooter, chunk_ranges, column_leaves, leaf_values,
+                     missing_footer_range, parse_footer, tail_range)
 from .retry import MIN_ATTEMPT_SECONDS, RetriesExhausted, RetryPolicy, call_within, call_within_async, describe
 from .storage import (
     FileSystems,
@@ -647,6 +647,7 @@ def _footer_from_metadata(
     )
     ranges = chunk_ranges(metadata, schema.names)
     _check_footer_numbers(url, size, footer_length, rows, ranges, schema.names)
+    _check_levels_cover_rows(url, metadata, rows, schema.names)
     return FileFooter(
         url, size, rows, schema, _columns_maybe_null(metadata, schema),
         footer_length=footer_length, ranges=ranges, version=version,
@@ -669,6 +670,23 @@ def _check_footer_numbers(url: str, size: int, footer_length: int, rows: np.ndar
         start, end = (int(v) for v in ranges[rg, column])
         raise CatalogError(f"{url}: row group {rg}, column {names[column]!r}: its chunk claims bytes [{start}, {end}) "
                            f"but the file's data ends at byte {data_end}; the footer is damaged")
+
+
+def _check_levels_cover_rows(url: str, metadata: pq.FileMetaData, rows: np.ndarray, names: list[str]) -> None:
+    """Refuse a row group that claims more rows than a projected column chunk has values: every row
+    has at least one (definition level) value in every leaf, a null and an empty list too. A row
+    count is believed only with its chunks' counts behind it, so no plan sizes its arrays by a bare
+    claim (a 13 KB file claiming 2**31-1 rows had the planner allocate gigabytes, where pyarrow reads
+    the chunks' 200 rows)."""
+    leaves = [i for indices in column_leaves(metadata, names) for i in indices]
+    for rg in np.flatnonzero(rows > 0).tolist():
+        group = metadata.row_group(rg)
+        for leaf in leaves:
+            values = group.column(leaf).num_values
+            if values < rows[rg]:
+                raise CatalogError(f"{url}: row group {rg} claims {int(rows[rg])} rows but its column chunk "
+                                   f"{group.column(leaf).path_in_schema!r} holds {values} values; the footer is "
+                                   "damaged")
 
 
 def _fetch_metadata(url: str, size: int, filesystems: FileSystems, policy: RetryPolicy,

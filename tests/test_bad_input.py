@@ -203,3 +203,68 @@ def test_one_directory_named_twice_under_other_spellings_gives_each_row_once(tmp
         ds = ss.ParquetStream(spellings, batch_size=16, rank=0, world_size=1)
         ids = sorted(int(i) for b in ds for i in b["sample_id"] if i >= 0)
     assert ids == list(range(95)) and ds.catalog.num_files == 2
+
+
+def _claiming(path, tmp_path, rows, values=None) -> str:
+    """A copy of ``path`` whose footer says row group 0 has ``rows`` rows (and each of its column chunks
+    ``values`` values): the footer re-encoded by fastparquet's thrift, the data untouched."""
+    import struct
+
+    from fastparquet import cencoding
+
+    data = open(path, "rb").read()
+    length = struct.unpack("<i", data[-8:-4])[0]
+    meta = cencoding.from_buffer(data[-8 - length:-8], "FileMetaData")
+    meta.row_groups[0].num_rows = rows
+    for chunk in meta.row_groups[0].columns if values is not None else ():
+        chunk.meta_data.num_values = values
+    meta.num_rows = sum(group.num_rows for group in meta.row_groups)
+    footer = meta.to_bytes()
+    hostile = tmp_path / "hostile" / "claims.parquet"
+    hostile.parent.mkdir(exist_ok=True)
+    hostile.write_bytes(data[:-8 - length] + footer + struct.pack("<i", len(footer)) + b"PAR1")
+    return str(hostile)
+
+
+def _two_columns(tmp_path):
+    path = tmp_path / "ok.parquet"
+    pq.write_table(pa.table({"id": pa.array(range(600), pa.int64()), "input_ids": pa.array([[1, 2, 3]] * 600)}),
+                   path, row_group_size=200)
+    return path
+
+
+def test_a_footer_claiming_more_rows_than_its_column_chunks_hold_is_refused_before_planning(tmp_path):
+    # issue 23 item 2: a 13 KB file claiming 2**31-1 rows had the planner allocate 8 GiB arrays (MemoryError,
+    # or the OOM killer in a container); pyarrow reads the chunks' 200 rows
+    path = _claiming(_two_columns(tmp_path), tmp_path, 2**31 - 1)
+    assert pq.ParquetFile(path).metadata.row_group(0).num_rows == 2**31 - 1
+    with pytest.raises(ss.CatalogError, match=r"claims\.parquet: row group 0 claims 2147483647 rows but its column "
+                                              r"chunk 'id' holds 200 values"):
+        ss.Catalog.build(path)
+
+
+ROOM_JOB = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))  # a 6 GiB container, as the OOM killer sees it
+import streamshard as ss
+ds = ss.ParquetStream(sys.argv[1], rank=0, world_size=1, shuffle=True, batch_size=None)
+try:
+    for _ in ss.StreamLoader(ds, num_workers=2, workers="threads"):
+        pass
+except ss.CatalogError as error:
+    print("refused:", error)
+"""
+
+
+@pytest.mark.slow
+def test_a_row_group_whose_planning_cannot_fit_in_the_memory_left_is_refused_naming_it(tmp_path):
+    """The chunks agree with the claim (2**31-1 values each): the plan's per-row arrays are checked against
+    the memory left (here a 6 GiB address-space limit) before they are allocated. Before: MemoryError
+    allocating 8 GiB, naming nothing."""
+    import subprocess
+    import sys
+
+    path = _claiming(_two_columns(tmp_path), tmp_path, 2**31 - 1, 2**31 - 1)
+    done = subprocess.run([sys.executable, "-c", ROOM_JOB, path], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "refused:" in done.stdout, done.stdout + done.stderr[-2000:]
+    assert "claims.parquet row group 0: this worker's 1073742024 of its 2147483647 rows need" in done.stdout
