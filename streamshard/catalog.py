@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import itertools
 import logging
 import threading
 import time
 import warnings
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -480,16 +481,29 @@ def _read_footers(
 
     if len(files) <= 1 or max_concurrency <= 1:
         return [one(entry) for entry in files]
-    with ThreadPoolExecutor(max_workers=min(max_concurrency, len(files))) as pool:
-        futures = [pool.submit(one, entry) for entry in files]
-        wait(futures, return_when=FIRST_EXCEPTION)
-        if failed.is_set():
-            for future in futures:
-                future.cancel()
-            wait([f for f in futures if not f.cancelled()])
-            errors = [f.exception() for f in futures if not f.cancelled() and f.exception() is not None]
-            raise next(e for e in errors if not isinstance(e, _NotStarted))
-        return [future.result() for future in futures]
+    # Each thread takes the next file until none is left: one task per thread, not per file (100,000
+    # submitted futures cost more in lock contention than the local footer reads themselves).
+    results: list[Any] = [None] * len(files)
+    errors: dict[int, BaseException] = {}
+    next_index = itertools.count()
+
+    def drain() -> None:
+        for i in iter(lambda: next(next_index), None):
+            if i >= len(files) or failed.is_set():
+                return
+            try:
+                results[i] = one(files[i])
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, the first in URL order
+                errors[i] = exc
+
+    threads = min(max_concurrency, len(files))
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        for done in [pool.submit(drain) for _ in range(threads)]:
+            done.result()
+    real = {i: e for i, e in errors.items() if not isinstance(e, _NotStarted)}
+    if real:
+        raise real[min(real)]
+    return results
 
 
 class _NotStarted(Exception):
@@ -642,17 +656,32 @@ def _footer_from_metadata(
                 f"{url}: column(s) {missing} not found; the file has columns {schema.names}"
             )
         schema = pa.schema([schema.field(c) for c in columns])
+    schema = _interned(schema)
     rows = np.array(
         [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)], dtype=np.int64
     )
-    ranges = chunk_ranges(metadata, schema.names)
+    leaves = column_leaves(metadata, schema.names)
+    ranges = chunk_ranges(metadata, schema.names, leaves)
     _check_footer_numbers(url, size, footer_length, rows, ranges, schema.names)
-    _check_levels_cover_rows(url, metadata, rows, schema.names)
+    _check_levels_cover_rows(url, metadata, rows, leaves)
     return FileFooter(
         url, size, rows, schema, _columns_maybe_null(metadata, schema),
         footer_length=footer_length, ranges=ranges, version=version,
-        values=leaf_values(metadata, schema.names),
+        values=leaf_values(metadata, schema.names, leaves),
     )
+
+
+_SCHEMAS: dict[pa.Schema, pa.Schema] = {}  # the distinct schemas of recent footers, each kept once
+_SCHEMAS_KEPT = 256
+
+
+def _interned(schema: pa.Schema) -> pa.Schema:
+    """``schema``, or an equal one (metadata included: it is in the hash) read before: a catalog of many
+    files by one writer holds one schema object, not one per file (100,000 of them: ~200 MB)."""
+    kept = _SCHEMAS.setdefault(schema, schema)
+    if kept is schema and len(_SCHEMAS) > _SCHEMAS_KEPT:
+        _SCHEMAS.clear()
+    return kept
 
 
 def _check_footer_numbers(url: str, size: int, footer_length: int, rows: np.ndarray, ranges: np.ndarray,
@@ -672,16 +701,16 @@ def _check_footer_numbers(url: str, size: int, footer_length: int, rows: np.ndar
                            f"but the file's data ends at byte {data_end}; the footer is damaged")
 
 
-def _check_levels_cover_rows(url: str, metadata: pq.FileMetaData, rows: np.ndarray, names: list[str]) -> None:
+def _check_levels_cover_rows(url: str, metadata: pq.FileMetaData, rows: np.ndarray, leaves: list[list[int]]
+                             ) -> None:
     """Refuse a row group that claims more rows than a projected column chunk has values: every row
     has at least one (definition level) value in every leaf, a null and an empty list too. A row
     count is believed only with its chunks' counts behind it, so no plan sizes its arrays by a bare
     claim (a 13 KB file claiming 2**31-1 rows had the planner allocate gigabytes, where pyarrow reads
     the chunks' 200 rows)."""
-    leaves = [i for indices in column_leaves(metadata, names) for i in indices]
     for rg in np.flatnonzero(rows > 0).tolist():
         group = metadata.row_group(rg)
-        for leaf in leaves:
+        for leaf in (i for indices in leaves for i in indices):
             values = group.column(leaf).num_values
             if values < rows[rg]:
                 raise CatalogError(f"{url}: row group {rg} claims {int(rows[rg])} rows but its column chunk "

@@ -97,13 +97,15 @@ def column_leaves(metadata: pq.FileMetaData, names: Sequence[str]) -> list[list[
     return leaves
 
 
-def chunk_ranges(metadata: pq.FileMetaData, names: Sequence[str]) -> np.ndarray:
-    """int64 array ``(row_groups, len(names), 2)``: ``[start, end)`` of each projected column.
+def chunk_ranges(metadata: pq.FileMetaData, names: Sequence[str], leaves: list[list[int]] | None = None
+                 ) -> np.ndarray:
+    """int64 array ``(row_groups, len(names), 2)``: ``[start, end)`` of each projected column
+    (``leaves``: ``column_leaves(metadata, names)``, when the caller has it).
 
     A column with several leaves (struct, map) spans from its first leaf chunk to the end of its
     last; the leaves of one column are written next to each other, so nothing else is inside.
     """
-    leaves = column_leaves(metadata, names)
+    leaves = column_leaves(metadata, names) if leaves is None else leaves
     out = np.zeros((metadata.num_row_groups, len(names), 2), dtype=np.int64)
     for rg in range(metadata.num_row_groups):
         group = metadata.row_group(rg)
@@ -119,11 +121,12 @@ def chunk_ranges(metadata: pq.FileMetaData, names: Sequence[str]) -> np.ndarray:
     return out
 
 
-def leaf_values(metadata: pq.FileMetaData, names: Sequence[str]) -> np.ndarray:
+def leaf_values(metadata: pq.FileMetaData, names: Sequence[str], leaves: list[list[int]] | None = None
+                ) -> np.ndarray:
     """int64 array ``(row_groups, len(names))``: non-null leaf values of each single-leaf column chunk
     (for a list column, its elements: empty and null lists count as nulls at the leaf level), or -1
     where the column has several leaves or the writer kept no null count."""
-    leaves = column_leaves(metadata, names)
+    leaves = column_leaves(metadata, names) if leaves is None else leaves
     out = np.full((metadata.num_row_groups, len(names)), -1, dtype=np.int64)
     for rg in range(metadata.num_row_groups):
         group = metadata.row_group(rg)

@@ -107,7 +107,11 @@ def unify(schemas: Sequence[tuple[str, pa.Schema]], nullable: set[str], cast: Ma
     if unknown:
         raise CatalogError(f"cast names column(s) {unknown} that {first_url} does not have (columns {first.names})")
     types = {f.name: canonical_type(f.type) for f in first}
+    seen = {first}  # files written by one writer share a schema: compare each distinct one once
     for url, other in schemas[1:]:
+        if other in seen:
+            continue
+        seen.add(other)
         if other.names != first.names:
             raise CatalogError(f"schemas disagree: {first_url} has columns {first.names} but {url} has {other.names}")
         for a, b in zip(first, other):
