@@ -40,7 +40,7 @@ from .catalog_records import FileEntry, FileFooter
 from .errors import CatalogError
 from .plan import Layout
 from .schema import parse_cast, unify
-from .state import catalog_digest
+from .state import catalog_digest, identity_digest
 from .footer import (SHARED_FOOTERS, FooterError, ParsedFooter, chunk_ranges, column_leaves, leaf_values,
                      missing_footer_range, parse_footer, tail_range)
 from .retry import MIN_ATTEMPT_SECONDS, RetriesExhausted, RetryPolicy, call_within, call_within_async, describe
@@ -132,6 +132,12 @@ class Catalog:
     def digest(self) -> str:
         """A short hash of the files, their sizes, versions and row-group layout: what sample ids depend on."""
         return catalog_digest(self.urls, self.file_sizes, self.rg_file, self.rg_rows, self.versions)
+
+    @property
+    def identity(self) -> str:
+        """A short hash of the local files' inodes and ctimes ('' for other stores): a file replaced by
+        a copy of the same size and mtime (``cp -p``) changes it, where ``digest`` cannot tell."""
+        return identity_digest(self.versions)
 
     def place(self, rg: int) -> str:
         """Where global row group ``rg`` lives, for messages: ``"<url> row group <n>"``."""

@@ -267,7 +267,8 @@ class ParquetStream(PlannedStream):
         batch = ("batch_size", self.config.batch_size) if self.partitions is None else (
             "global_batch_size", self.config.batch_size * self.world_size)
         return {
-            "catalog": catalog.digest, "files": catalog.num_files, "rows": catalog.num_rows,
+            "catalog": catalog.digest, "file_identity": catalog.identity, "files": catalog.num_files,
+            "rows": catalog.num_rows,
             "columns": self.columns, batch[0]: batch[1], "unit": self.config.unit,
             "shuffle": self.config.shuffle, "seed": self.config.seed, "shuffle_window": self.config.shuffle_window,
             "uneven": self.config.uneven, "partitions": self.partitions, "cast": self.cast,

@@ -10,6 +10,7 @@ never guessed at.
 from __future__ import annotations
 
 import hashlib
+import warnings
 from typing import Any, Mapping
 
 import numpy as np
@@ -24,10 +25,22 @@ MAX_GLOBAL_WORKERS = 1 << 18  # folding a history costs O(global workers) per se
 MAX_SEGMENTS = 1 << 12
 
 
+IDENTITY_MARK = ",ino="  # in a local file's version (``storage.file_version``): its inode and ctime follow
+
+
+def split_version(version: str) -> tuple[str, str]:
+    """``(content version, file identity)`` of a version token: a local file's inode and ctime are its
+    identity ('' elsewhere): a copy with the same content and mtime keeps the first, not the second."""
+    content, mark, identity = version.partition(IDENTITY_MARK)
+    return content, (mark + identity)[1:] if mark else ""
+
+
 def catalog_digest(urls: Any, file_sizes: Any, rg_file: Any, rg_rows: Any, versions: Any = ()) -> str:
     """A short hash of a catalog's files, sizes, versions and row-group layout: what sample ids depend on.
 
     ``versions`` (ETag/mtime per file as listed) makes a checkpoint of other file versions a mismatch.
+    A local file's inode and ctime are left out here (as before they were recorded) and hashed by
+    :func:`identity_digest` instead, a fingerprint field of its own that older states lack.
     """
     h = hashlib.sha256()
     for url in urls:
@@ -35,22 +48,45 @@ def catalog_digest(urls: Any, file_sizes: Any, rg_file: Any, rg_rows: Any, versi
         h.update(b"\0")
     h.update(b"versions\0")
     for version in versions:
-        h.update(str(version).encode())
+        h.update(split_version(str(version))[0].encode())
         h.update(b"\0")
     for array in (file_sizes, rg_file, rg_rows):
         h.update(np.ascontiguousarray(array, dtype=np.int64).tobytes())
     return h.hexdigest()[:20]
 
 
+def identity_digest(versions: Any) -> str:
+    """A short hash of the files' identities (a local file's inode and ctime; '' for other stores): a
+    file replaced by another of the same size and mtime (``cp -p``) changes it."""
+    identities = [split_version(str(v))[1] for v in versions]
+    if not any(identities):
+        return ""
+    h = hashlib.sha256()
+    for identity in identities:
+        h.update(identity.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:20]
+
+
+# Fingerprint fields added after states were first saved: a state without one was saved before it
+# existed and is checked without it (with a warning saying what could not be checked).
+ADDED_LATER = {"file_identity": "a local file replaced since by a copy with the same size and mtime (cp -p) "
+                                "cannot be told apart"}
+
+
 def check_fingerprint(saved: Any, mine: Mapping[str, Any], what: str) -> None:
     """Raise ``StateError`` naming the first field where ``saved`` differs from ``mine``."""
     if not isinstance(saved, Mapping):
         raise StateError(f"state['fingerprint'] must be a dict, got {type(saved).__name__}")
+    mine = _as_saved_before(mine, saved)
     for key, value in mine.items():
         if key not in saved:
             raise StateError(f"state['fingerprint'] has no {key!r}; this {what} has {key}={value!r}")
         if saved[key] != value:
-            hint = " (the files, their sizes or their row groups changed)" if key == "catalog" else ""
+            hint = {"catalog": " (the files, their sizes or their row groups changed)",
+                    "file_identity": " (a local file was replaced, or copied anew, since: inode or ctime changed; "
+                                     "if the files are the same bytes copied again, delete "
+                                     "state['fingerprint']['file_identity'] to load it anyway)"}.get(key, "")
             raise StateError(
                 f"the state was saved with {key}={saved[key]!r} but this {what} has {key}={value!r}{hint}; "
                 "resuming would deliver other rows than the saved run"
@@ -111,3 +147,20 @@ def history_json(history: list[Segment]) -> list[list[int]]:
     ``torch.distributed.checkpoint``, which flattens dicts and loads only the keys the loading side's
     own state has (a dict per segment would lose the segments a fresh loader does not have)."""
     return [[segment.world_size, segment.num_workers, segment.batches] for segment in history]
+
+
+def _as_saved_before(mine: Any, saved: Any) -> Any:
+    """``mine`` without the ``ADDED_LATER`` fields that ``saved`` lacks (at any depth: a blend's corpora),
+    warning once per field what that leaves unchecked."""
+    if isinstance(mine, Mapping) and isinstance(saved, Mapping):
+        out = {}
+        for key, value in mine.items():
+            if key in ADDED_LATER and key not in saved:
+                warnings.warn(f"this state was saved before streamshard recorded {key!r}: loading it, but "
+                              f"{ADDED_LATER[key]}", stacklevel=4)
+                continue
+            out[key] = _as_saved_before(value, saved.get(key))
+        return out
+    if isinstance(mine, list) and isinstance(saved, list) and len(mine) == len(saved):
+        return [_as_saved_before(m, s) for m, s in zip(mine, saved)]
+    return mine

@@ -32,6 +32,8 @@ from urllib.parse import unquote
 import fsspec
 from fsspec.core import split_protocol
 
+from .state import IDENTITY_MARK
+
 # Per-protocol defaults that make the backend's own retries a single attempt and its waits
 # bounded. Caller's storage_options win, key by key (dicts merge one level deep).
 _BACKEND_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -205,10 +207,16 @@ _VERSION_KEYS = ("ETag", "etag", "generation", "md5Hash", "mtime", "LastModified
 
 
 def file_version(info: dict[str, Any]) -> str:
-    """A file's version token from its fsspec ``info``/listing entry: ``"ETag=..."``, ``"mtime=..."``, or ''."""
+    """A file's version token from its fsspec ``info``/listing entry: ``"ETag=..."``, ``"mtime=..."``, or ''.
+
+    A local file's is ``"mtime=<m>,ino=<inode>,ctime=<c>"``: a file replaced by one of the same size
+    with its mtime restored (``cp -p``, ``rsync -t``) keeps the mtime but not the inode or ctime.
+    """
     for key in _VERSION_KEYS:
         value = info.get(key)
         if value not in (None, ""):
+            if key == "mtime" and info.get("ino") and info.get("created") is not None:
+                return f"mtime={value}{IDENTITY_MARK}{info['ino']},ctime={info['created']}"
             return f"{key}={value}"
     return ""
 
@@ -222,7 +230,10 @@ def file_change(info: dict[str, Any], size: int, version: str) -> str | None:
     now_size = info.get("size")
     now_size = int(now_size) if isinstance(now_size, (int, float)) else size  # a store that does not say: trust
     key = version.split("=", 1)[0] if version else ""
-    now_version = f"{key}={info[key]}" if key and info.get(key) not in (None, "") else ""
+    if IDENTITY_MARK in version:  # a local file: mtime, inode and ctime
+        now_version = file_version(info)
+    else:
+        now_version = f"{key}={info[key]}" if key and info.get(key) not in (None, "") else ""
     if now_size == size and (not now_version or now_version == version):
         return None
     was = f"{size} bytes" + (f", {version}" if version else "")

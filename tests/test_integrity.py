@@ -68,7 +68,8 @@ def test_a_local_file_rewritten_at_the_same_size_is_refused_naming_both_versions
     rewrite_same_size(tmp_path / "b.parquet", 10_000)
     delivered = []
     with pytest.raises(ss.ReadError, match=r"b\.parquet: reading row group 0 failed: the file changed since it was "
-                                           r"cataloged \(cataloged: \d+ bytes, mtime=[\d.]+; now: \d+ bytes, mtime=[\d.]+\)"):
+                                           r"cataloged \(cataloged: \d+ bytes, mtime=[\d.]+,ino=\d+,ctime=[\d.]+; now: \d+ bytes, "
+                                           r"mtime=[\d.]+,ino=\d+,ctime=[\d.]+\)"):
         for batch in ds:
             delivered.append(batch)
     for batch in delivered:  # nothing of the new file went out under the old ids
@@ -169,6 +170,65 @@ def test_a_checkpoint_taken_before_a_file_was_rewritten_is_refused(tmp_path):
     resumed = ss.StreamLoader(ss.ParquetStream(str(tmp_path), batch_size=16, rank=0, world_size=1), num_workers=0)
     with pytest.raises(ss.StateError, match="catalog="):
         resumed.load_state_dict(state)
+
+
+def _copy_over_keeping_mtime(source, target):
+    """``cp -p source target`` as rsync -t or a restore does it: new bytes at the target path, the old mtime."""
+    import shutil
+
+    stat = target.stat()
+    replacement = target.with_suffix(".new")
+    shutil.copyfile(source, replacement)
+    os.utime(replacement, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    os.replace(replacement, target)
+    assert target.stat().st_size == stat.st_size and target.stat().st_mtime_ns == stat.st_mtime_ns
+
+
+def test_a_local_file_replaced_by_a_same_size_copy_with_its_mtime_restored_is_caught(tmp_path):
+    """issue 23 item 4: size and mtime were the whole local version: a cp -p of other rows over a file gave
+    other rows under the old sample_ids, mid-run and after a resume."""
+    data = tmp_path / "data"
+    data.mkdir()
+    write_fixed(data / "a.parquet", 0)
+    write_fixed(data / "b.parquet", 100)
+    write_fixed(tmp_path / "other.parquet", 10_000)  # the same layout and size, other values
+    ds = ss.ParquetStream(str(data), batch_size=50, rank=0, world_size=1)
+    loader = ss.StreamLoader(ds, num_workers=0)
+    head = next(iter(loader))
+    state = loader.state_dict()
+    _copy_over_keeping_mtime(tmp_path / "other.parquet", data / "b.parquet")
+    with pytest.raises(ss.ReadError, match=r"b\.parquet: reading row group 0 failed: the file changed"):
+        for batch in loader:  # the running pass reaches b.parquet
+            assert (batch["id"] == batch["sample_id"]).all(), "rows of the copy under the old ids"
+    resumed = ss.StreamLoader(ss.ParquetStream(str(data), batch_size=50, rank=0, world_size=1), num_workers=0)
+    with pytest.raises(ss.StateError, match="file_identity=.*inode or ctime changed"):
+        resumed.load_state_dict(state)
+    assert (head["id"] == head["sample_id"]).all()
+
+
+def test_a_state_saved_before_file_identities_loads_with_a_warning_and_a_restaged_copy_on_request(tmp_path):
+    write_corpus(str(tmp_path / "data"), [[40, 60], [100]])
+
+    def loader():
+        return ss.StreamLoader(ss.ParquetStream(str(tmp_path / "data"), batch_size=16, rank=0, world_size=1))
+
+    first = loader()
+    iterator = iter(first)
+    next(iterator)
+    state = first.state_dict()
+    assert state["fingerprint"]["file_identity"]
+    older = {**state, "fingerprint": {k: v for k, v in state["fingerprint"].items() if k != "file_identity"}}
+    with pytest.warns(UserWarning, match="saved before streamshard recorded 'file_identity'"):
+        loader().load_state_dict(older)  # the catalog digest of an older state is unchanged: it loads
+    target = tmp_path / "data" / "part-00001.parquet"
+    _copy_over_keeping_mtime(target, target)  # the same bytes, copied anew: a new inode
+    with pytest.raises(ss.StateError, match="file_identity"):
+        loader().load_state_dict(state)
+    with pytest.warns(UserWarning, match="file_identity"):
+        resumed = loader()
+        resumed.load_state_dict(older)  # what the error says to do when the bytes are the same
+    ids = [i for b in resumed for i in b["sample_id"].tolist() if i >= 0]
+    assert sorted(ids) == list(range(16, 200))
 
 
 # -- 3. an existing path is taken literally, glob characters or not -------------------------------
