@@ -37,6 +37,7 @@ from . import collective
 from .catalog_cache import CatalogCache, footer_from_dict, footer_to_dict
 from .catalog_records import FileEntry, FileFooter
 from .errors import CatalogError
+from .listing_rules import listed_under_directory_is_data, matched_by_glob_is_data
 from .plan import Layout
 from .schema import parse_cast, unify
 from .state import catalog_digest
@@ -320,9 +321,10 @@ def list_entries(
     """Expand files, directories and globs into sorted, de-duplicated ``FileEntry``s.
 
     An existing file or directory is taken literally, even with glob characters in its name
-    (``brack[1].parquet``); anything else is a glob. Directories are searched recursively; names
-    starting with ``.`` or ``_`` (``_SUCCESS``, ``.crc`` files, ``_metadata``) are skipped there, as
-    Spark and Hive writers expect. A path that matches nothing is an error saying why (the bucket
+    (``brack[1].parquet``); anything else is a glob. Directories are searched recursively; what is
+    never data is skipped there and in what a glob's wildcards matched (``listing_rules.py``: names
+    starting with ``.`` or ``_`` such as ``_SUCCESS``, ``.crc`` files and ``_metadata``, as Spark and Hive
+    writers expect; zero-byte ``prefix/`` folder objects; ``<dir>_$folder$``). A file named explicitly is read. A path that matches nothing is an error saying why (the bucket
     or directory does not exist, access is denied, nothing in it matches), so a typo in one of
     several globs loses nothing silently.
     """
@@ -380,12 +382,14 @@ def _expand(path: str, filesystems: FileSystems, until: float) -> dict[str, tupl
         entries = fs.glob(root, detail=True, **bound())
         if not entries:
             raise CatalogError(f"no files matched {path!r}{_why_no_match(fs, root, bound)}") from None
+        entries = {name: info for name, info in entries.items()  # markers and hidden names a wildcard matched
+                   if matched_by_glob_is_data(root, name, _size(info))}
     out: dict[str, tuple[FileEntry, tuple[Any, ...] | None]] = {}
     for name, info in entries.items():
         if info.get("type") == "directory":
             for sub, subinfo in fs.find(name, detail=True, **bound()).items():
                 relative = sub[len(name.rstrip("/")) + 1 :]
-                if not any(part.startswith((".", "_")) for part in relative.split("/")):
+                if listed_under_directory_is_data(relative, _size(subinfo)):
                     if subinfo.get("islink"):
                         subinfo = _followed(fs, sub, subinfo, bound)
                     url = fs.unstrip_protocol(sub)
@@ -396,6 +400,11 @@ def _expand(path: str, filesystems: FileSystems, until: float) -> dict[str, tupl
     if not out:
         raise CatalogError(f"no files matched {path!r} (only empty directories or hidden/marker files)")
     return out
+
+
+def _size(info: dict[str, Any]) -> int:
+    size = info.get("size")
+    return int(size) if isinstance(size, (int, float)) else -1
 
 
 def _identity(info: dict[str, Any]) -> tuple[Any, ...] | None:
