@@ -6,6 +6,7 @@ from .blend_schedule import BlendSchedule, blend_counts
 from .cache import ActivationCache, CacheStats, module_fingerprint
 from .catalog import Catalog
 from .dataset import ParquetStream
+from .delta import DeltaTable
 from .errors import CatalogError, ConversionError, ReadError, StateError, StreamshardError, TopologyError
 from .loader import StreamLoader
 from .packed import PackedStream, cu_seqlens
@@ -22,6 +23,7 @@ __all__ = [
     "Catalog",
     "CatalogError",
     "ConversionError",
+    "DeltaTable",
     "DevicePrefetcher",
     "ElasticSampler",
     "PackedStream",

@@ -24,10 +24,12 @@ MAX_GLOBAL_WORKERS = 1 << 18  # folding a history costs O(global workers) per se
 MAX_SEGMENTS = 1 << 12
 
 
-def catalog_digest(urls: Any, file_sizes: Any, rg_file: Any, rg_rows: Any, versions: Any = ()) -> str:
+def catalog_digest(urls: Any, file_sizes: Any, rg_file: Any, rg_rows: Any, versions: Any = (), tables: Any = ()) -> str:
     """A short hash of a catalog's files, sizes, versions and row-group layout: what sample ids depend on.
 
-    ``versions`` (ETag/mtime per file as listed) makes a checkpoint of other file versions a mismatch.
+    ``versions`` (ETag/mtime per file as listed) makes a checkpoint of other file versions a mismatch;
+    ``tables`` (``delta:<url>@<version>`` per table read; hashed only when there are some, so the digests
+    of catalogs without tables stay what they were) one of another table version.
     """
     h = hashlib.sha256()
     for url in urls:
@@ -39,6 +41,11 @@ def catalog_digest(urls: Any, file_sizes: Any, rg_file: Any, rg_rows: Any, versi
         h.update(b"\0")
     for array in (file_sizes, rg_file, rg_rows):
         h.update(np.ascontiguousarray(array, dtype=np.int64).tobytes())
+    if tables:
+        h.update(b"tables\0")
+        for table in tables:
+            h.update(str(table).encode())
+            h.update(b"\0")
     return h.hexdigest()[:20]
 
 
@@ -50,7 +57,9 @@ def check_fingerprint(saved: Any, mine: Mapping[str, Any], what: str) -> None:
         if key not in saved:
             raise StateError(f"state['fingerprint'] has no {key!r}; this {what} has {key}={value!r}")
         if saved[key] != value:
-            hint = " (the files, their sizes or their row groups changed)" if key == "catalog" else ""
+            hint = " (the files, their sizes or their row groups changed)" if key == "catalog" else \
+                " (another version of the table: pin the saved one with ss.DeltaTable(path, version=...))" \
+                if key == "tables" else ""
             raise StateError(
                 f"the state was saved with {key}={saved[key]!r} but this {what} has {key}={value!r}{hint}; "
                 "resuming would deliver other rows than the saved run"
