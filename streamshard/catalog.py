@@ -37,6 +37,7 @@ from . import collective
 from .catalog_cache import CatalogCache, footer_from_dict, footer_to_dict
 from .catalog_records import FileEntry, FileFooter
 from .errors import CatalogError
+from .deletions import kept_rows
 from .delta import DELTA_LOG, delta_root_in_listing, delta_root_of_glob
 from .listing_rules import listed_under_directory_is_data, matched_by_glob_is_data
 from .partitions import drop_columns, full_schema
@@ -90,6 +91,10 @@ class Catalog:
     rg_values: np.ndarray | None = None  # int64 (row groups, columns): non-null leaf values, -1 unknown
     partition_values: pa.Table | None = None  # one row per file: its partition keys (the schema's last columns)
     tables: tuple[str, ...] = ()  # "delta:<url>@<version>" of every table version read
+    # Deletion vectors (deletions.py): file index -> sorted deleted row numbers; rg_rows then counts the kept
+    # rows and rg_stored_rows (int64 per row group) what the files store. None when nothing is deleted.
+    deleted_rows: Mapping[int, np.ndarray] | None = None
+    rg_stored_rows: np.ndarray | None = None
     file_first_rg: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -231,7 +236,8 @@ class Catalog:
         files_schema = unify([(f.url, f.schema) for f in footers], nullable, cast)
         schema = files_schema
         counts = np.array([len(f.row_group_rows) for f in footers], dtype=np.int64)
-        rows = [f.row_group_rows for f in footers]
+        stored = [f.row_group_rows for f in footers]
+        rows, deleted = kept_rows([f.url for f in footers], stored, listing.deleted if listing is not None else {})
         rg_rows = np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, np.int64)
         rg_file = np.repeat(np.arange(len(footers), dtype=np.int64), counts)
         starts = np.repeat(np.cumsum(counts) - counts, counts)
@@ -260,6 +266,8 @@ class Catalog:
             rg_values=values,
             partition_values=keys,
             tables=listing.tables if listing is not None else (),
+            deleted_rows=deleted or None,
+            rg_stored_rows=np.concatenate(stored).astype(np.int64) if deleted else None,
         )
 
 

@@ -152,6 +152,9 @@ def catalog_to_json(catalog: Catalog) -> dict[str, Any]:
         **{name: _pack(getattr(catalog, name)) for name in _ARRAYS},
         "partition_values": _table_to_text(catalog.partition_values),
         "tables": list(catalog.tables),
+        "deleted_rows": None if catalog.deleted_rows is None else
+        {str(f): _pack(rows) for f, rows in catalog.deleted_rows.items()},
+        "rg_stored_rows": _pack(catalog.rg_stored_rows),
     }
 
 
@@ -162,7 +165,10 @@ def catalog_from_json(data: dict[str, Any]) -> Catalog:
     schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(data["schema"], validate=True)))
     return Catalog(urls=tuple(data["urls"]), versions=tuple(data["versions"]), schema=schema,
                    **{name: _unpack(data[name]) for name in _ARRAYS},
-                   partition_values=_table_from_text(data.get("partition_values")), tables=tuple(data.get("tables", ())))
+                   partition_values=_table_from_text(data.get("partition_values")), tables=tuple(data.get("tables", ())),
+                   deleted_rows=None if data.get("deleted_rows") is None else
+                   {int(f): _unpack(rows) for f, rows in data["deleted_rows"].items()},
+                   rg_stored_rows=_unpack(data.get("rg_stored_rows")))
 
 
 def _table_to_text(table: pa.Table | None) -> str | None:

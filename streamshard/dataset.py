@@ -25,6 +25,7 @@ from .catalog_share import CatalogShare
 from .delta import DeltaTable
 from .delivery import DeliveryStats, deliver
 from .errors import ReadError
+from .deletions import stored_rows
 from .partitions import check_partitioning, with_partition_columns
 from .plan import ORDER_VERSION, EpochPlan, Layout, PlanConfig
 from .reader import RowGroupReader
@@ -312,7 +313,7 @@ class ParquetStream(PlannedStream):
     def _read(self, reader: RowGroupReader, what: Read) -> pa.Table:
         catalog = self.catalog
         file_index, index = int(catalog.rg_file[what.rg]), int(catalog.rg_index[what.rg])
-        table = reader.read(file_index, index, what.rows)
+        table = reader.read(file_index, index, stored_rows(catalog, what.rg, what.rows))  # deleted rows left out
         if catalog.partition_values is not None:
             table = with_partition_columns(table, catalog.partition_values, file_index, catalog.schema)
         table = read_as(table, catalog.schema, f"{catalog.urls[file_index]}: row group {index}")

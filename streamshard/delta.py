@@ -11,8 +11,9 @@ What a version contributes to the catalog: each add action's file (URL, size; De
 immutable, so the size is their version check), its partition values (typed as the table's schema
 says) and the tag ``delta:<table URL>@<version>``, which the catalog digest and a checkpoint's
 fingerprint carry (a checkpoint of version 3 does not load against version 4). Deletion vectors
-are refused by name (the rows they delete would be streamed); so are column mapping and reader
-features this module does not know.
+are honoured: the rows they delete are left out of the catalog (``deleted``: each file's deleted
+row numbers, which ``Catalog.from_footers`` turns into row counts and ``deletions.py`` into the rows a
+reader keeps). Column mapping and reader features this module does not know are refused by name.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from datetime import datetime
 from typing import Any, Mapping
 from urllib.parse import unquote
 
+import numpy as np
 import pyarrow as pa
 
 from .catalog_records import FileEntry
@@ -35,7 +37,7 @@ INSTALL = "pip install 'streamshard[delta]' (the deltalake package)"
 # Reader features that do not change which rows or columns the data files hold.
 _HARMLESS_FEATURES = frozenset({"timestampNtz", "v2Checkpoint", "vacuumProtocolCheck", "variantType",
                                 "variantType-preview", "typeWidening", "typeWidening-preview", "checkpointProtection",
-                                "deletionVectors"})  # the last one: refused below when a file has one
+                                "deletionVectors"})  # honoured: the rows they delete are left out
 
 
 @dataclass(frozen=True)
@@ -126,11 +128,13 @@ def deltalake_installed() -> bool:
 @dataclass(frozen=True)
 class TableFiles:
     """The live files of one table version: entries (URL order not guaranteed), their partition values
-    (one row per entry, typed; None for an unpartitioned table) and the version's tag."""
+    (one row per entry, typed; None for an unpartitioned table), the version's tag and, per file URL with
+    a deletion vector, the sorted row numbers (in the file) it deletes."""
 
     entries: list[FileEntry]
     partitions: pa.Table | None
     tag: str
+    deleted: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def table_files(table: DeltaTable, filesystems: Any) -> TableFiles:
@@ -152,6 +156,7 @@ def table_files(table: DeltaTable, filesystems: Any) -> TableFiles:
     version = loaded.version()
     where = f"Delta table {table.path} version {version}"
     _check_readable(loaded, where)
+    deleted = _deleted_rows(loaded) if "deletionVectors" in set(loaded.protocol().reader_features or ()) else {}
     actions = pa.table(loaded.get_add_actions(flatten=True))
     fs, root = filesystems.resolve(table.path)
     root_url = fs.unstrip_protocol(root).rstrip("/")
@@ -159,6 +164,11 @@ def table_files(table: DeltaTable, filesystems: Any) -> TableFiles:
     for relative, size in zip(actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist()):
         url = _file_url(fs, root_url, relative)
         entries.append(FileEntry(url, int(size), ""))  # Delta files are immutable: the size is their check
+    by_path = {unquote(e.url): e.url for e in entries}
+    unknown = [u for u in deleted if unquote(u) not in by_path]
+    if unknown:
+        raise CatalogError(f"{where}: a deletion vector names {unknown[0]}, which is not one of its live files")
+    deleted = {by_path[unquote(u)]: rows for u, rows in deleted.items()}
     keys = list(loaded.metadata().partition_columns)
     partitions = None
     if keys:
@@ -166,11 +176,11 @@ def table_files(table: DeltaTable, filesystems: Any) -> TableFiles:
         if missing:
             raise CatalogError(f"{where}: deltalake gave no values for partition column(s) {missing}")
         partitions = pa.table({k: actions.column(f"partition.{k}") for k in keys})
-    return TableFiles(entries, partitions, f"delta:{root_url}@{version}")
+    return TableFiles(entries, partitions, f"delta:{root_url}@{version}", deleted)
 
 
 def _check_readable(loaded: Any, where: str) -> None:
-    """Refuse what would make the data files say other rows or columns than the table (by name)."""
+    """Refuse what would make the data files say other columns than the table, or features not known (by name)."""
     configuration = loaded.metadata().configuration or {}
     mapping = configuration.get("delta.columnMapping.mode", "none")
     if mapping not in ("none", None):
@@ -180,14 +190,21 @@ def _check_readable(loaded: Any, where: str) -> None:
     unknown = sorted(features - _HARMLESS_FEATURES)
     if unknown:
         raise CatalogError(f"{where} needs reader feature(s) {unknown}, which streamshard does not support")
-    if "deletionVectors" in features:
-        vectors = pa.table(loaded.deletion_vectors())
-        if vectors.num_rows:
-            first = vectors.column("filepath")[0].as_py()
-            raise CatalogError(
-                f"{where} has deletion vectors on {vectors.num_rows} file(s) (first: {first}): streamshard does not "
-                "apply deletion vectors, and streaming those files would deliver deleted rows; rewrite them "
-                "(REORG TABLE ... APPLY (PURGE), or OPTIMIZE) or read another version")
+
+
+def _deleted_rows(loaded: Any) -> dict[str, np.ndarray]:
+    """Per file URI with a deletion vector, the row numbers it deletes (deltalake's keep masks, inverted;
+    rows past a mask's end are kept)."""
+    vectors = pa.table(loaded.deletion_vectors())
+    out: dict[str, np.ndarray] = {}
+    for path, mask in zip(vectors.column("filepath").to_pylist(), vectors.column("selection_vector").to_pylist()):
+        out[_local_uri(path)] = np.flatnonzero(~np.asarray(mask, dtype=bool)).astype(np.int64)
+    return out
+
+
+def _local_uri(uri: str) -> str:
+    """deltalake's URI of a local file as fsspec names it (``file:///x``); others unchanged."""
+    return "file://" + uri if uri.startswith("/") else uri
 
 
 def _file_url(fs: Any, root_url: str, relative: str) -> str:

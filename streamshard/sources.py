@@ -10,9 +10,10 @@ log. The result is JSON-safe through ``listing_to_json`` so rank 0 can list for 
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import numpy as np
 import pyarrow as pa
 
 from .catalog_records import FileEntry
@@ -34,6 +35,7 @@ class Listing:
     files: list[FileEntry]
     partitions: pa.Table | None = None
     tables: tuple[str, ...] = ()
+    deleted: dict[str, np.ndarray] = field(default_factory=dict)  # url -> row numbers a deletion vector deletes
 
     @property
     def keys(self) -> list[str]:
@@ -74,12 +76,14 @@ def list_sources(paths: Any, filesystems: FileSystems, retry: RetryPolicy | None
         keys = hive_table([f.url for f in files], _relative_pairs(files, plain, filesystems)) \
             if partitioning == "hive" else None
         parts.append((files, keys, f"{files[0].url}"))
-    tags = []
+    tags, deleted = [], {}
     for table in tables:
         found = table_files(table, filesystems)
         parts.append((found.entries, found.partitions, str(table)))
         tags.append(found.tag)
-    return _merged(parts, tuple(tags))
+        deleted.update(found.deleted)
+    listing = _merged(parts, tuple(tags))
+    return Listing(listing.files, listing.partitions, listing.tables, deleted)
 
 
 def _merged(parts: list[tuple[list[FileEntry], pa.Table | None, str]], tags: tuple[str, ...]) -> Listing:
@@ -136,11 +140,14 @@ def listing_to_json(listing: Listing) -> dict[str, Any]:
             writer.write_table(listing.partitions)
         keys = base64.b64encode(sink.getvalue().to_pybytes()).decode("ascii")
     return {"files": [[f.url, f.size, f.version] for f in listing.files], "partitions": keys,
-            "tables": list(listing.tables)}
+            "tables": list(listing.tables),
+            "deleted": {url: rows.astype("<i8").tobytes().hex() for url, rows in listing.deleted.items()}}
 
 
 def listing_from_json(data: dict[str, Any]) -> Listing:
     keys = None
     if data.get("partitions") is not None:
         keys = pa.ipc.open_stream(pa.py_buffer(base64.b64decode(data["partitions"], validate=True))).read_all()
-    return Listing([FileEntry(*f) for f in data["files"]], keys, tuple(data.get("tables") or ()))
+    deleted = {url: np.frombuffer(bytes.fromhex(text), dtype="<i8").astype(np.int64)
+               for url, text in (data.get("deleted") or {}).items()}
+    return Listing([FileEntry(*f) for f in data["files"]], keys, tuple(data.get("tables") or ()), deleted)

@@ -162,26 +162,69 @@ def _inline_deletion_vector(rows: list[int]) -> bytes:
     return struct.pack("<iqI", 1681511377, 1, 0) + bitmap
 
 
-def test_deletion_vectors_are_refused_by_name(tmp_path):
+def _table_with_deletion_vector(path, deleted: list[int], table: pa.Table | None = None) -> None:
+    """Version 0: x = 0..9 in row groups of 3 rows; version 1: the same file with an inline deletion vector
+    deleting ``deleted`` (the commit a Spark/Databricks DELETE writes on a table with deletion vectors)."""
     import json
 
-    path = tmp_path / "dv"
-    deltalake.write_deltalake(str(path), pa.table({"x": list(range(10))}),
-                              configuration={"delta.enableDeletionVectors": "true"})
+    table = pa.table({"x": list(range(10))}) if table is None else table
+    deltalake.write_deltalake(str(path), table,
+                              configuration={"delta.enableDeletionVectors": "true"},
+                              writer_properties=deltalake.WriterProperties(max_row_group_size=3))
     add = pa.table(deltalake.DeltaTable(str(path)).get_add_actions(flatten=True)).to_pylist()[0]
-    vector = _inline_deletion_vector([0, 2])
+    vector = _inline_deletion_vector(deleted)
     commit = [
         {"commitInfo": {"timestamp": 1, "operation": "DELETE", "operationParameters": {}}},
         {"remove": {"path": add["path"], "deletionTimestamp": 1, "dataChange": True, "extendedFileMetadata": True,
                     "partitionValues": {}, "size": add["size_bytes"]}},
         {"add": {"path": add["path"], "partitionValues": {}, "size": add["size_bytes"], "modificationTime": 1,
-                 "dataChange": True, "stats": json.dumps({"numRecords": 10}),
+                 "dataChange": True, "stats": json.dumps({"numRecords": table.num_rows}),
                  "deletionVector": {"storageType": "i", "pathOrInlineDv": _z85(vector), "sizeInBytes": len(vector),
-                                    "cardinality": 2}}},
+                                    "cardinality": len(deleted)}}},
     ]
     (path / "_delta_log" / "00000000000000000001.json").write_text("\n".join(json.dumps(c) for c in commit) + "\n")
-    deleted = pa.table(deltalake.DeltaTable(str(path)).deletion_vectors())  # deltalake reads the vector we wrote
-    assert deleted["selection_vector"][0].as_py()[:3] == [False, True, False]
-    with pytest.raises(ss.CatalogError, match=r"version 1 has deletion vectors on 1 file.*deleted rows"):
-        ss.Catalog.build(str(path))
-    assert ss.Catalog.build(ss.DeltaTable(str(path), version=0)).num_rows == 10  # before the delete: no vector
+
+
+def test_deletion_vectors_are_honoured(tmp_path):
+    path = tmp_path / "dv"
+    deleted = [0, 2, 4, 9]  # row groups [0,1,2] [3,4,5] [6,7,8] [9]: keeps 1, 2, 3 and 0 rows
+    _table_with_deletion_vector(path, deleted)
+    mask = pa.table(deltalake.DeltaTable(str(path)).deletion_vectors())["selection_vector"][0].as_py()
+    assert [i for i, keep in enumerate(mask) if not keep] == deleted  # deltalake reads the vector we wrote
+    live = [x for x in range(10) if x not in deleted]
+    catalog = ss.Catalog.build(str(path))
+    assert catalog.rg_rows.tolist() == [1, 2, 3, 0] and catalog.num_rows == len(live)
+    assert catalog_from_json(catalog_to_json(catalog)).rg_stored_rows.tolist() == [3, 3, 3, 1]
+    for shuffle in (False, True):
+        stream = ss.ParquetStream(str(path), batch_size=4, shuffle=shuffle, rank=0, world_size=1)
+        got = {}
+        for batch in stream:
+            for sid, x in zip(batch["sample_id"].tolist(), batch["x"].tolist()):
+                if sid >= 0:
+                    got[sid] = x
+        assert sorted(got) == list(range(len(live))) and sorted(got.values()) == live  # before: all 10 rows
+    # two ranks, one row group's kept rows split between them: still each live row once
+    halves = [ss.ParquetStream(str(path), batch_size=2, shuffle=True, rank=r, world_size=2) for r in (0, 1)]
+    xs = [x for ds in halves for b in ds for x, s in zip(b["x"].tolist(), b["sample_id"].tolist()) if s >= 0]
+    assert sorted(xs) == live
+    assert ss.Catalog.build(ss.DeltaTable(str(path), version=0)).num_rows == 10  # before the delete
+
+
+def test_packing_a_table_with_deletion_vectors_is_refused_by_name(tmp_path):
+    path = tmp_path / "dv"
+    _table_with_deletion_vector(path, [1], pa.table({"ids": [[i, i] for i in range(10)]}))
+    tokens = ss.ParquetStream(str(path), batch_size=4, rank=0, world_size=1)
+    with pytest.raises(ss.CatalogError, match="deletion vectors cannot be packed"):
+        list(ss.PackedStream(tokens, column="ids", seq_len=4, batch_size=1))
+
+
+def test_a_table_on_s3_reads_its_log_with_options_derived_from_the_streams(table, s3):
+    """The table's files uploaded as they are to moto's S3; deltalake reads the log with the endpoint and
+    keys taken from the stream's s3fs storage_options, fsspec the data files."""
+    fs = s3.filesystem()
+    fs.mkdir("streamshard-delta")
+    fs.put(str(table), "streamshard-delta/table", recursive=True)
+    url = "s3://streamshard-delta/table"
+    assert _rows(url, storage_options=s3.storage_options) == _expected(table)
+    assert _rows(ss.DeltaTable(url, version=1), storage_options=s3.storage_options) == _expected(table, 1)
+    assert ss.Catalog.build(url, storage_options=s3.storage_options).tables == (f"delta:{url}@2",)
