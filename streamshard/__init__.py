@@ -6,6 +6,7 @@ from .blend_schedule import BlendSchedule, blend_counts
 from .cache import ActivationCache, CacheStats, module_fingerprint
 from .catalog import Catalog
 from .dataset import ParquetStream
+from .delta import DeltaTable
 from .errors import (CatalogError, ConversionError, HandOffError, ReadError, StateError, StreamshardError,
                      TopologyError)
 from .loader import StreamLoader
@@ -23,6 +24,7 @@ __all__ = [
     "Catalog",
     "CatalogError",
     "ConversionError",
+    "DeltaTable",
     "DevicePrefetcher",
     "ElasticSampler",
     "HandOffError",

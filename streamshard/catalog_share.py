@@ -150,6 +150,11 @@ def catalog_to_json(catalog: Catalog) -> dict[str, Any]:
         "versions": list(catalog.versions),
         "schema": base64.b64encode(catalog.schema.serialize().to_pybytes()).decode("ascii"),
         **{name: _pack(getattr(catalog, name)) for name in _ARRAYS},
+        "partition_values": _table_to_text(catalog.partition_values),
+        "tables": list(catalog.tables),
+        "deleted_rows": None if catalog.deleted_rows is None else
+        {str(f): _pack(rows) for f, rows in catalog.deleted_rows.items()},
+        "rg_stored_rows": _pack(catalog.rg_stored_rows),
     }
 
 
@@ -159,7 +164,27 @@ def catalog_from_json(data: dict[str, Any]) -> Catalog:
         raise ValueError(f"format is {data.get('format')!r:.60}, not {FORMAT!r}")
     schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(data["schema"], validate=True)))
     return Catalog(urls=tuple(data["urls"]), versions=tuple(data["versions"]), schema=schema,
-                   **{name: _unpack(data[name]) for name in _ARRAYS})
+                   **{name: _unpack(data[name]) for name in _ARRAYS},
+                   partition_values=_table_from_text(data.get("partition_values")), tables=tuple(data.get("tables", ())),
+                   deleted_rows=None if data.get("deleted_rows") is None else
+                   {int(f): _unpack(rows) for f, rows in data["deleted_rows"].items()},
+                   rg_stored_rows=_unpack(data.get("rg_stored_rows")))
+
+
+def _table_to_text(table: pa.Table | None) -> str | None:
+    """A small Arrow table (the partition keys) as base64 Arrow IPC: loading it runs no code."""
+    if table is None:
+        return None
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return base64.b64encode(sink.getvalue().to_pybytes()).decode("ascii")
+
+
+def _table_from_text(text: str | None) -> pa.Table | None:
+    if text is None:
+        return None
+    return pa.ipc.open_stream(pa.py_buffer(base64.b64decode(text, validate=True))).read_all()
 
 
 _ARRAYS = ("file_sizes", "rg_file", "rg_index", "rg_rows", "footer_lengths", "rg_ranges", "rg_values")

@@ -22,9 +22,12 @@ from .canonical import CanonicalPlan
 from . import collective
 from .catalog import Catalog
 from .catalog_share import CatalogShare
+from .delta import DeltaTable
 from .delivery import DeliveryStats, deliver
 from .errors import CatalogError, ReadError
 from .memory_room import available_bytes
+from .deletions import stored_rows
+from .partitions import check_partitioning, with_partition_columns
 from .plan import ORDER_VERSION, EpochPlan, Layout, PlanConfig
 from .reader import RowGroupReader
 from .resume import Planner, Start
@@ -56,8 +59,11 @@ class ParquetStream(PlannedStream):
     a rank that ran dry.
 
     Args:
-        paths: a file, directory or glob, or a list of them; any fsspec URL.
+        paths: a file, directory or glob, or a list of them; any fsspec URL. A Delta Lake table:
+            ``ss.DeltaTable(path, version=...)``, or its root directory for the latest version (needs
+            the ``delta`` extra; a table is never read as plain files).
         columns: columns to read (None: all). Missing columns are an error at catalog time.
+            Partition keys (see ``partitioning``) are columns too.
         batch_size: rows per batch (default 256): every batch holds exactly that many rows, a
             worker's short last one topped up with padding rows (or dropped with "drop"), so
             padding is at most about one batch per global worker per epoch. None asks for one
@@ -95,6 +101,10 @@ class ParquetStream(PlannedStream):
             only physically (``large_list`` vs ``list``, dictionary-encoded vs plain, nullability)
             stream together without it.
         decimals: "float64" (the nearest double) or "scaled_int64" (exact ``value * 10**scale``).
+        partitioning: "hive" (default): ``k=v`` directories below a directory or glob given become
+            columns of every batch, typed as ``pyarrow.dataset``'s hive partitioning infers them
+            (int32 or string; null for ``__HIVE_DEFAULT_PARTITION__``); None: directory names are
+            ignored. A Delta table's partition columns come from its log either way.
         inner_nulls: "error" (a null element inside a list is an error naming file and column) or
             "mask" (nulls read as 0, with ``<name>_values_mask`` for every list column whose
             elements the schema lets be null: writers such as pyarrow do by default, so "mask"
@@ -123,13 +133,18 @@ class ParquetStream(PlannedStream):
         decimals: str = "float64",
         inner_nulls: str = "error",
         mesh: Any = None,
+        partitioning: str | None = "hive",
     ) -> None:
-        if isinstance(paths, (list, tuple)) and paths and all(isinstance(p, str) and p for p in paths):
-            self.paths: list[str] = list(paths)
-        elif isinstance(paths, str) and paths:
-            self.paths = [paths]
+        def usable(p: Any) -> bool:
+            return (isinstance(p, str) and bool(p)) or isinstance(p, DeltaTable)
+
+        if isinstance(paths, (list, tuple)) and paths and all(usable(p) for p in paths):
+            self.paths: list[str | DeltaTable] = list(paths)
+        elif usable(paths):
+            self.paths = [paths]  # type: ignore[list-item]
         else:
-            raise ValueError(f"paths must be a non-empty str or list of str, got {paths!r}")
+            raise ValueError(f"paths must be a non-empty str, ss.DeltaTable or list of them, got {paths!r}")
+        self.partitioning = check_partitioning(partitioning)
         if columns is not None and (isinstance(columns, str) or not all(isinstance(c, str) for c in columns)):
             raise ValueError(f"columns must be a list of column names or None, got {columns!r}")
         if transform is not None and not callable(transform):
@@ -190,7 +205,7 @@ class ParquetStream(PlannedStream):
             build = lambda distributed: Catalog.build(  # noqa: E731
                 self.paths, self.columns, self.storage_options, cache_dir=self.catalog_cache, cast=self.cast,
                 progress=self.catalog_progress, distributed=distributed and self._splits_catalog(),
-                group=self._catalog_group)
+                group=self._catalog_group, partitioning=self.partitioning)
             if current_worker()[1] > 0 or self._catalog_share.started():
                 catalog = self._catalog_share.get(lambda: build(False))  # a worker cannot join collectives
             else:
@@ -266,8 +281,9 @@ class ParquetStream(PlannedStream):
         # With partitions= the order depends on the global batch, so the per-rank size may change with the world.
         batch = ("batch_size", self.config.batch_size) if self.partitions is None else (
             "global_batch_size", self.config.batch_size * self.world_size)
+        tables = {"tables": list(catalog.tables)} if catalog.tables else {}  # first: its mismatch names the version
         return {
-            "catalog": catalog.digest, "file_identity": catalog.identity, "files": catalog.num_files,
+            **tables, "catalog": catalog.digest, "file_identity": catalog.identity, "files": catalog.num_files,
             "rows": catalog.num_rows,
             "columns": self.columns, batch[0]: batch[1], "unit": self.config.unit,
             "shuffle": self.config.shuffle, "seed": self.config.seed, "shuffle_window": self.config.shuffle_window,
@@ -322,8 +338,10 @@ class ParquetStream(PlannedStream):
     def _read(self, reader: RowGroupReader, what: Read) -> pa.Table:
         catalog = self.catalog
         file_index, index = int(catalog.rg_file[what.rg]), int(catalog.rg_index[what.rg])
-        table = read_as(reader.read(file_index, index, what.rows), catalog.schema,
-                        f"{catalog.urls[file_index]}: row group {index}")
+        table = reader.read(file_index, index, stored_rows(catalog, what.rg, what.rows))  # deleted rows left out
+        if catalog.partition_values is not None:
+            table = with_partition_columns(table, catalog.partition_values, file_index, catalog.schema)
+        table = read_as(table, catalog.schema, f"{catalog.urls[file_index]}: row group {index}")
         if what.rows is None and table.num_rows != catalog.rg_rows[what.rg]:
             raise ReadError(
                 f"{catalog.urls[file_index]}: row group {index} has {table.num_rows} rows but its footer said "

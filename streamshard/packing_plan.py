@@ -29,7 +29,12 @@ def token_counts(catalog: Any, column: str) -> np.ndarray:
     no null count (or a column of several leaves) is refused by name."""
     if catalog.rg_values is None:
         raise CatalogError("this catalog holds no leaf value counts (an old catalog cache?); rebuild it")
-    counts = catalog.rg_values[:, catalog.columns.index(column)]
+    if getattr(catalog, "deleted_rows", None):
+        raise CatalogError(f"{catalog.tables}: rows deleted by deletion vectors cannot be packed (token counts come "
+                           "from the footers, which count them); rewrite the files (REORG TABLE ... APPLY (PURGE))")
+    if column in getattr(catalog, "partition_keys", ()):
+        raise CatalogError(f"column {column!r} is a partition key (its values are in the paths), not a list of tokens")
+    counts = catalog.rg_values[:, catalog.file_columns.index(column)]
     unknown = np.flatnonzero(counts < 0)
     if unknown.size:
         rg = int(unknown[0])

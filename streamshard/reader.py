@@ -106,14 +106,17 @@ class RowGroupReader:
     @classmethod
     def from_catalog(cls, catalog: Any, storage_options: dict[str, Any] | None = None,
                      columns: Sequence[str] | None = None, **kwargs: Any) -> "RowGroupReader":
-        """A reader of ``catalog``'s files and columns (or the subset ``columns``) that uses its byte
+        """A reader of ``catalog``'s file columns (or those of the subset ``columns``: partition keys are not
+        read from files, ``partitions.with_partition_columns`` adds them) that uses its byte
         ranges (no footer round trip) and refuses files whose version changed since
         (``versions=None`` turns that check off)."""
         kwargs.setdefault("versions", getattr(catalog, "versions", None) or None)
-        columns = list(catalog.columns if columns is None else columns)
+        in_files = list(getattr(catalog, "file_columns", catalog.columns))  # partition keys are not in the files
+        keys = set(getattr(catalog, "partition_keys", ()))
+        columns = [c for c in (in_files if columns is None else columns) if c not in keys]
         layout: dict[str, Any] = {}
         if getattr(catalog, "rg_ranges", None) is not None:
-            index = [catalog.columns.index(c) for c in columns]
+            index = [in_files.index(c) for c in columns]
             layout = dict(
                 footer_lengths=catalog.footer_lengths,
                 rg_ranges=catalog.rg_ranges[:, index, :],

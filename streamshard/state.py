@@ -35,10 +35,12 @@ def split_version(version: str) -> tuple[str, str]:
     return content, (mark + identity)[1:] if mark else ""
 
 
-def catalog_digest(urls: Any, file_sizes: Any, rg_file: Any, rg_rows: Any, versions: Any = ()) -> str:
+def catalog_digest(urls: Any, file_sizes: Any, rg_file: Any, rg_rows: Any, versions: Any = (), tables: Any = ()) -> str:
     """A short hash of a catalog's files, sizes, versions and row-group layout: what sample ids depend on.
 
-    ``versions`` (ETag/mtime per file as listed) makes a checkpoint of other file versions a mismatch.
+    ``versions`` (ETag/mtime per file as listed) makes a checkpoint of other file versions a mismatch;
+    ``tables`` (``delta:<url>@<version>`` per table read; hashed only when there are some, so the digests
+    of catalogs without tables stay what they were) one of another table version.
     A local file's inode and ctime are left out here (as before they were recorded) and hashed by
     :func:`identity_digest` instead, a fingerprint field of its own that older states lack.
     """
@@ -52,6 +54,11 @@ def catalog_digest(urls: Any, file_sizes: Any, rg_file: Any, rg_rows: Any, versi
         h.update(b"\0")
     for array in (file_sizes, rg_file, rg_rows):
         h.update(np.ascontiguousarray(array, dtype=np.int64).tobytes())
+    if tables:
+        h.update(b"tables\0")
+        for table in tables:
+            h.update(str(table).encode())
+            h.update(b"\0")
     return h.hexdigest()[:20]
 
 
@@ -86,7 +93,9 @@ def check_fingerprint(saved: Any, mine: Mapping[str, Any], what: str) -> None:
             hint = {"catalog": " (the files, their sizes or their row groups changed)",
                     "file_identity": " (a local file was replaced, or copied anew, since: inode or ctime changed; "
                                      "if the files are the same bytes copied again, delete "
-                                     "state['fingerprint']['file_identity'] to load it anyway)"}.get(key, "")
+                                     "state['fingerprint']['file_identity'] to load it anyway)",
+                    "tables": " (another version of the table: pin the saved one with ss.DeltaTable(path, "
+                              "version=...))"}.get(key, "")
             raise StateError(
                 f"the state was saved with {key}={saved[key]!r} but this {what} has {key}={value!r}{hint}; "
                 "resuming would deliver other rows than the saved run"

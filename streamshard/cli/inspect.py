@@ -20,10 +20,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from ..catalog import Catalog, list_files, read_footer
+from ..catalog import Catalog, read_footer
 from ..decoded_size import byte_array_leaves, decoded_bytes, leaf_value_bytes
 from ..errors import CatalogError, ConversionError
+from ..partitions import drop_columns
 from ..schema import canonical_type, unify
+from ..sources import Listing, list_sources
 from ..storage import FileSystems
 from ..tensors import BatchConverter
 from .progress import progress_bar
@@ -48,13 +50,16 @@ class _FileBytes:
 def run_inspect(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
     """Read every footer; describe files, row groups, bytes and schema; collect warnings."""
     filesystems = FileSystems(args.storage_options)
-    files = list_files(args.urls, filesystems)
-    value_bytes = _sample_value_bytes(files, filesystems, args.columns)
+    listing = list_sources(args.urls, filesystems)  # files, Delta tables, Hive keys: what a stream would read
+    files = [(f.url, f.size) for f in listing.files]
+    keys = set(listing.keys)
+    columns = None if args.columns is None else [c for c in args.columns if c not in keys]
+    value_bytes = _sample_value_bytes(files, filesystems, columns)
 
     def one(item: tuple[str, int]) -> tuple[Any, _FileBytes]:
         url, size = item
-        footer = read_footer(url, size, args.columns, filesystems)
-        return footer, _file_bytes(footer, filesystems, args.columns, value_bytes)
+        footer = drop_columns(read_footer(url, size, columns, filesystems), keys)  # a key is the path's value
+        return footer, _file_bytes(footer, filesystems, columns, value_bytes)
 
     read: list[tuple[Any, _FileBytes]] = []
     with ThreadPoolExecutor(max_workers=min(32, len(files))) as pool, progress_bar(
@@ -66,7 +71,7 @@ def run_inspect(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
     footers = [footer for footer, _ in read]
     warnings: list[dict[str, str]] = []
     try:
-        Catalog.from_footers(footers)  # only to learn whether the schemas agree; columns are described below
+        Catalog.from_footers(footers, listing=listing)  # only to learn whether the schemas agree; columns are described below
     except CatalogError as exc:  # schema drift: inspect reports it, every other command refuses
         warnings.append({"kind": "schema_drift", "message": str(exc)})
     rg_rows = np.concatenate([f.row_group_rows for f in footers]).astype(np.int64)
@@ -90,7 +95,10 @@ def run_inspect(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
              "compressed_bytes": int(b.compressed.sum())}
             for f, b in read
         ],
-        "columns": _describe_columns(_column_fields(footers), footers[0].url, read),
+        "columns": _describe_columns(_column_fields(footers) + _key_fields(listing, args.columns), footers[0].url,
+                                     read),
+        "partition_keys": listing.keys,
+        "tables": list(listing.tables),
         "warnings": warnings,
     }
     warnings.extend(_inspect_warnings(args, report, rg_rows, decoded, [len(f.row_group_rows) for f in footers], footers))
@@ -197,6 +205,19 @@ def _column_fields(footers: list[Any]) -> list[_Column]:
     return columns
 
 
+def _key_fields(listing: Listing, columns: list[str] | None) -> list[_Column]:
+    """The partition keys as columns (from the paths or a table's log: held by every file, in no file's bytes)."""
+    if listing.partitions is None:
+        return []
+    out = []
+    for name in listing.keys:
+        if columns is None or name in columns:
+            values = listing.partitions.column(name)
+            out.append(_Column(pa.field(name, values.type, nullable=values.null_count > 0), len(listing.files),
+                               [str(values.type)]))
+    return out
+
+
 def _describe_columns(columns: list[_Column], source: str, read: list[tuple[Any, _FileBytes]]) -> list[dict[str, Any]]:
     """What each column becomes in a batch (keys, dtypes, shapes), or why it cannot."""
     out = []
@@ -267,7 +288,7 @@ def _inspect_warnings(
 
 def render_inspect(r: dict[str, Any], args: argparse.Namespace) -> str:
     """The ``inspect`` report ``r`` as text for a terminal (``--json`` prints ``r`` itself)."""
-    lines = [
+    lines = [f"table        {tag}" for tag in r.get("tables", ())] + [
         f"files        {r['files']:,}  ({_human(r['file_bytes'])} on storage)",
         f"row groups   {r['row_groups']:,}",
         f"rows         {r['rows']:,}",
@@ -281,8 +302,10 @@ def render_inspect(r: dict[str, Any], args: argparse.Namespace) -> str:
         "",
         "columns -> batch entries",
     ]
+    keys = set(r.get("partition_keys", ()))
     for c in r["columns"]:
         nullable = " (nullable)" if c["nullable"] else ""
+        nullable += " (partition key)" if c["name"] in keys else ""
         head = f"  {c['name']}: {c['type']}{nullable}{_drift_note(c, r['files'])}, {_human(c['compressed_bytes'])}"
         if c["supported"]:
             parts = [f"{t['key']} {t['dtype']}[{', '.join(map(str, t['shape']))}]" if t["kind"] == "tensor"
