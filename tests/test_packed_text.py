@@ -9,6 +9,7 @@ import glob
 import json
 import os
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -283,3 +284,26 @@ def test_text_misuse_is_refused_by_name(corpus, tmp_path):
     state = ss.StreamLoader(text_pack(path)).state_dict()
     with pytest.raises(ss.StateError, match="tokenizer"):
         ss.StreamLoader(text_pack(path, tokenizer=bpe(["w1 w2 w3 the a of"] * 5))).load_state_dict(state)
+
+
+@pytest.mark.slow
+def test_two_ranks_split_the_counting_pass_and_deliver_every_token_once(tmp_path):
+    """torchrun, 2 ranks, gloo: each rank tokenizes about half the texts to count, both get every count."""
+    from launch import check, launch
+
+    texts = write_texts(tmp_path / "data", [[20, 7], [11], [30, 3, 9]], seed=4)
+    check(launch(2, Path(__file__).parent / "frameworks" / "text_count_job.py", "--data", str(tmp_path / "data"),
+                 "--report", str(tmp_path / "report")))
+    reports = [json.loads((tmp_path / "report" / f"rank{r}.json").read_text()) for r in range(2)]
+    present = sum(t is not None for t in texts)
+    assert reports[0]["counts"] == reports[1]["counts"]
+    assert sum(r["counted_texts"] for r in reports) == present, "each text tokenized once over the ranks to count"
+    assert all(0 < r["counted_texts"] < present for r in reports), "both ranks counted a share"
+    assert len(reports[0]["batches"]) == len(reports[1]["batches"]), "equal steps"
+    tokens_of = defaultdict(list)
+    for r in reports:
+        for batch in r["batches"]:
+            for s, t in batch:
+                tokens_of[s].append(t)
+    for s, t in enumerate(texts):
+        assert tokens_of.get(s, []) == ([] if t is None else [len(w) for w in t.split()] + [0])
