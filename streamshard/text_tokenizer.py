@@ -104,8 +104,14 @@ class TextTokenizer:
         return lengths, ids
 
     def count(self, texts: Sequence[str | None], where: str) -> int:
-        """Tokens of ``texts`` as ``encode`` lays them out (what the plan balances by)."""
-        return int(self.encode(texts, where)[0].sum())
+        """Tokens of ``texts`` as ``encode`` lays them out (what the plan balances by); an HF tokenizer's
+        ids are not copied out (``len`` of each encoding)."""
+        if not self.hf:
+            return int(self.encode(texts, where)[0].sum())
+        present = [t for t in texts if t is not None]
+        extra = (self.bos_id is not None) + (self.eos_id is not None)
+        encoded = self.tokenizer.encode_batch(present, add_special_tokens=False)
+        return sum(len(e) for e in encoded) + extra * len(present)
 
 
 def _is_hf_tokenizer(obj: Any) -> bool:
