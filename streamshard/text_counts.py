@@ -15,7 +15,8 @@ import logging
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -94,10 +95,14 @@ def _count(catalog: Any, storage_options: dict[str, Any], column: str, tokenizer
 
     out = np.zeros(len(rgs), dtype=np.int64)
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="streamshard-count")
+    in_flight: deque[tuple[int, Future]] = deque()  # bounded: a million row groups are not a million futures
     try:
-        for i, n in enumerate(pool.map(one, rgs.tolist())):
-            out[i] = n
-            bar.update(1)
+        for i, rg in enumerate(rgs.tolist()):
+            in_flight.append((i, pool.submit(one, rg)))
+            while in_flight and (len(in_flight) >= 2 * threads or i == len(rgs) - 1):
+                done, future = in_flight.popleft()
+                out[done] = future.result()
+                bar.update(1)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)  # after a failure, the queued row groups do not start
         bar.close()

@@ -6,6 +6,7 @@ corpus, and plain Python callables): no hub download."""
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 from collections import defaultdict
@@ -189,18 +190,23 @@ class Counting:
         return [[len(w) for w in t.split()] for t in batch]
 
 
-def test_counts_are_cached_per_file_version_and_tokenizer_and_a_warm_start_tokenizes_nothing(corpus, tmp_path):
+def test_counts_are_cached_per_file_version_and_tokenizer_and_a_warm_start_tokenizes_nothing(corpus, tmp_path, caplog):
     path, texts = corpus
     cache = str(tmp_path / "cache")
     cold = Counting()
     first = text_pack(path, tokenizer=cold, tokenizer_name="lengths-v1", cache=cache)
-    first.set_epoch(0)
+    with caplog.at_level("INFO", logger="streamshard"):
+        first.set_epoch(0)
     assert cold.calls == sum(t is not None for t in texts), "cold: every text tokenized once to count"
+    assert "counting the tokens of 9 row groups of column 'text'" in caplog.text and "counted " in caplog.text
     assert len(glob.glob(os.path.join(cache, "tokens-*.json"))) == 1
     warm = Counting()
     again = text_pack(path, tokenizer=warm, tokenizer_name="lengths-v1", cache=cache)
-    again.set_epoch(0)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="streamshard"):
+        again.set_epoch(0)
     assert warm.calls == 0 and again.num_tokens == first.num_tokens, "warm: no text tokenized before training"
+    assert "counting the tokens" not in caplog.text
     other = Counting()
     text_pack(path, tokenizer=other, tokenizer_name="lengths-v2", cache=cache).set_epoch(0)
     assert other.calls == cold.calls, "another tokenizer name is another cache"
@@ -228,7 +234,7 @@ def test_a_changed_file_is_counted_again(tmp_path):
     assert sum(int((b["sample_id"] >= 0).sum()) for b in ps) == ps.num_tokens
 
 
-def test_a_damaged_or_lying_cache_is_never_trusted(corpus, tmp_path):
+def test_a_damaged_or_lying_cache_is_never_trusted(corpus, tmp_path, caplog):
     path, _ = corpus
     cache = str(tmp_path / "cache")
     text_pack(path, tokenizer=Counting(), tokenizer_name="v1", cache=cache).set_epoch(0)
@@ -241,6 +247,17 @@ def test_a_damaged_or_lying_cache_is_never_trusted(corpus, tmp_path):
     with pytest.warns(UserWarning, match="does not match its digest"):
         text_pack(path, tokenizer=recount, tokenizer_name="v1", cache=cache).set_epoch(0)
     assert recount.calls > 0
+    # A well-digested entry that does not fit the file (a count missing) is dropped alone and counted again.
+    stored = json.load(open(cache_file))
+    stored["files"][url]["counts"].pop()
+    stored["digest"] = hashlib.sha256(json.dumps(stored["files"], sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    json.dump(stored, open(cache_file, "w"))
+    partly = Counting()
+    with caplog.at_level("WARNING", logger="streamshard"):
+        text_pack(path, tokenizer=partly, tokenizer_name="v1", cache=cache).set_epoch(0)
+    assert "ignoring 1 damaged entry" in caplog.text and "one count for each of the file's 3 row groups" in caplog.text
+    first_file = pq.read_table(url.removeprefix("file://"), columns=["text"]).column("text").to_pylist()
+    assert partly.calls == sum(t is not None for t in first_file) > 0, "only that file's texts are counted again"
     # A count that is well formed and digested but wrong (another tokenizer under the same name) is
     # caught when its row group is read: an error naming the file and row group, never a silent loss.
     text_pack(path, tokenizer=Counting(), tokenizer_name="v1", cache=cache).set_epoch(0)
