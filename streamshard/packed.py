@@ -279,11 +279,7 @@ class PackedStream(PlannedStream):
         if len(lengths) != catalog.rg_rows[rg] or int(lengths.sum()) != int(tokens[rg]):
             raise ReadError(f"{where}: {len(lengths)} rows and {int(lengths.sum())} tokens, but the footer said "
                             f"{int(catalog.rg_rows[rg])} rows and {int(tokens[rg])} tokens; did the file change?")
-        starts = np.zeros(len(lengths), dtype=np.int64)
-        if len(lengths) > 1:
-            np.cumsum(lengths[:-1], out=starts[1:])
-        order = documents.rows_at(np.full(len(lengths), rg, dtype=np.int64), np.arange(len(lengths), dtype=np.int64))
-        return token_group(lengths, starts, values, order)
+        return _in_document_order(lengths, values, rg, documents)
 
     def _text_group(self, reader: RowGroupReader, k: int, rg: int, documents: EpochPlan) -> TokenGroup:
         """A text row group tokenized (on the read-ahead thread that read it), checked against its count."""
@@ -299,11 +295,7 @@ class PackedStream(PlannedStream):
                             "epoch was planned: the file changed, the tokenizer is not deterministic, or a cached "
                             "count belongs to another tokenizer under the same tokenizer_name (delete the "
                             "tokens-*.json files of the catalog cache)")
-        starts = np.zeros(len(lengths), dtype=np.int64)
-        if len(lengths) > 1:
-            np.cumsum(lengths[:-1], out=starts[1:])
-        order = documents.rows_at(np.full(len(lengths), rg, dtype=np.int64), np.arange(len(lengths), dtype=np.int64))
-        return token_group(lengths, starts, {TOKENS: ids}, order)
+        return _in_document_order(lengths, {TOKENS: ids}, rg, documents)
 
     def _token_counts(self) -> list[np.ndarray]:
         """Tokens per row group of each corpus, from the catalogs' footer summaries (read once); checks
@@ -352,6 +344,16 @@ class PackedStream(PlannedStream):
             dtype = np.dtype(t.value_type.to_pandas_dtype())
             dtypes[name] = np.dtype(np.int64) if dtype.kind == "u" and dtype != np.uint8 else dtype  # torch lacks most uints
         return dtypes
+
+
+def _in_document_order(lengths: np.ndarray, values: dict[str, np.ndarray], rg: int, documents: EpochPlan) -> TokenGroup:
+    """Row group ``rg``'s tokens (rows of ``lengths`` tokens end to end in ``values``, file order) laid out
+    in the epoch's document order."""
+    starts = np.zeros(len(lengths), dtype=np.int64)
+    if len(lengths) > 1:
+        np.cumsum(lengths[:-1], out=starts[1:])
+    order = documents.rows_at(np.full(len(lengths), rg, dtype=np.int64), np.arange(len(lengths), dtype=np.int64))
+    return token_group(lengths, starts, values, order)
 
 
 def cu_seqlens(position_ids: torch.Tensor) -> torch.Tensor:

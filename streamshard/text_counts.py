@@ -23,7 +23,6 @@ import numpy as np
 import pyarrow as pa
 
 from . import collective
-from .cli.progress import progress_bar
 from .errors import ReadError
 from .reader import RowGroupReader
 from .text_tokenizer import TextTokenizer
@@ -81,6 +80,8 @@ def count_text_tokens(catalog: Any, storage_options: dict[str, Any], column: str
 
 def _count(catalog: Any, storage_options: dict[str, Any], column: str, tokenizer: TextTokenizer,
            rgs: np.ndarray, threads: int | None, quiet: bool) -> np.ndarray:
+    from .cli.progress import progress_bar  # here: importing the package must not import the command line
+
     reader = RowGroupReader.from_catalog(catalog, storage_options, columns=[column])
     threads = threads or min(8, os.cpu_count() or 1)
     bar = progress_bar(sys.stderr, total=len(rgs), unit="rg", desc="counting tokens", quiet=quiet)

@@ -20,7 +20,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
 import streamshard as ss
-from resume_harness import check_elastic_resume, check_loader_resume
+from resume_harness import check_elastic_resume, check_loader_resume, check_stateful_resume
 
 SEQ, BATCH = 32, 4
 BOS, EOS = 1, 2
@@ -149,6 +149,11 @@ def test_padding_is_under_one_percent_on_a_corpus_of_many_batches(tmp_path):
 def test_stream_loader_resumes_a_text_pack_exactly(corpus, num_workers):
     path, _ = corpus
     check_loader_resume(lambda: text_pack(path, 1, 2), num_workers, stops=[1, 3, 10_000], epoch=1)
+
+
+def test_statefuldataloader_resumes_a_text_pack(corpus):
+    path, _ = corpus
+    check_stateful_resume(lambda: text_pack(path, 0, 2), 2, stops=[1, 4], epoch=1)
 
 
 def test_a_text_pack_resumes_elastically_2x2_to_3x1(corpus):
