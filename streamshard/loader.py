@@ -213,7 +213,8 @@ def _worker_kind(workers: str, source: Any, dataset: Any, num_workers: int, cont
                  init: Callable[[int], None] | None) -> str:
     """"threads" or "processes": ``workers="auto"`` takes threads for a stream without a Python
     ``transform`` (pyarrow decodes without the GIL; nothing crosses a process boundary) unless a
-    ``multiprocessing_context`` or ``worker_init_fn`` asks for processes."""
+    ``multiprocessing_context`` or ``worker_init_fn`` asks for processes, or the stream ``holds_gil``
+    (a ``PackedStream`` whose tokenizer is a Python callable)."""
     if workers not in ("auto", "threads", "processes"):
         raise ValueError(f"workers must be 'auto', 'threads' or 'processes', got {workers!r}")
     if num_workers == 0:
@@ -223,7 +224,8 @@ def _worker_kind(workers: str, source: Any, dataset: Any, num_workers: int, cont
                          "dataset with a sampler is collated in worker processes: use workers='processes'")
     if workers != "auto":
         return workers
-    plain = getattr(dataset, "transform", None) is None and context is None and init is None
+    plain = (getattr(dataset, "transform", None) is None and not getattr(dataset, "holds_gil", False)
+             and context is None and init is None)
     return "threads" if source.threadable and plain else "processes"
 
 

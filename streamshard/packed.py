@@ -28,7 +28,12 @@ from .reader import RowGroupReader
 from .resume import Planner, Start
 from .stream_base import PlannedStream
 from .tensors import Batch
+from .text_counts import count_text_tokens, row_group_texts
+from .text_tokenizer import TextTokenizer
+from .topology import current_worker
 from .validate import check_int
+
+TOKENS = "input_ids"  # the batch key of the ids of a tokenized text column
 
 
 
@@ -64,18 +69,36 @@ class PackedStream(PlannedStream):
     (Documents cannot be the blended unit here: equal steps need each worker's token count before
     reading, and the footers give tokens per row group, not per document.)
 
+    Raw text (``tokenizer=``): ``column`` is a string column, tokenized inside the pipeline and
+    packed as above under the key ``"input_ids"`` (int64). The plan needs each row group's token
+    count before reading: the first ``set_epoch`` (or iteration) tokenizes the corpus once to count
+    (split over the ranks of an initialised process group, with a progress bar on a terminal) and
+    keeps the counts in the source's ``catalog_cache`` directory, keyed by file version and tokenizer
+    identity, so a warm start reads one JSON file (``token_count_cache.py``). Reading tokenizes again
+    on the read-ahead threads, beside training, and checks each row group gives the counted tokens.
+    No special token is added silently: a ``tokenizers.Tokenizer`` is called with
+    ``add_special_tokens=False``; ``bos_id``/``eos_id`` put one token before/after every document.
+
     Args:
         source: the ``ParquetStream`` or ``BlendedStream`` to pack.
-        column: the list-of-integers column holding the tokens.
+        column: the list-of-integers column holding the tokens; with ``tokenizer``, the text column.
         seq_len, batch_size: the shape of a batch.
         columns: more list columns to pack alongside, row by row of the same length as ``column``
             (labels, loss masks); a row whose lengths differ is an error naming file and row group.
+            Not with ``tokenizer``.
         transform: called on each batch inside the worker.
+        tokenizer: a ``tokenizers.Tokenizer``, a transformers fast tokenizer (its
+            ``backend_tokenizer`` is used) or a callable ``list[str] -> list[list[int]]``.
+        bos_id, eos_id: a token put before / after every (non-null) document; None: none.
+        tokenizer_name: a callable tokenizer's identity for the count cache (a version string you
+            change whenever its output can change); without it a callable's counts are not cached.
+            A ``tokenizers.Tokenizer`` is identified by the hash of its JSON and takes no name.
     """
 
     def __init__(self, source: ParquetStream | BlendedStream, column: str = "input_ids", seq_len: int = 2048,
                  batch_size: int = 8, columns: Sequence[str] = (),
-                 transform: Callable[[Batch], Any] | None = None) -> None:
+                 transform: Callable[[Batch], Any] | None = None, tokenizer: Any = None,
+                 bos_id: int | None = None, eos_id: int | None = None, tokenizer_name: str | None = None) -> None:
         super().__init__()
         if not isinstance(source, (ParquetStream, BlendedStream)):
             raise ValueError(f"PackedStream packs a ParquetStream or a BlendedStream; got {type(source).__name__}")
@@ -85,6 +108,15 @@ class PackedStream(PlannedStream):
             raise ValueError(f"columns {list(columns)} repeat a column or the token column {column!r}")
         if transform is not None and not callable(transform):
             raise ValueError(f"transform must be callable, got {transform!r}")
+        self.text: TextTokenizer | None = None
+        if tokenizer is not None:
+            if columns:
+                raise ValueError(f"columns={list(columns)} packs token columns alongside; a tokenized text column "
+                                 "packs alone (tokenizer= given)")
+            self.text = TextTokenizer(tokenizer, bos_id, eos_id, tokenizer_name)
+        elif bos_id is not None or eos_id is not None or tokenizer_name is not None:
+            raise ValueError("bos_id, eos_id and tokenizer_name are for a text column with tokenizer=; a token "
+                             "column is packed as it is")
         self.source, self.column, self.columns = source, column, [column, *columns]
         self.blend = source if isinstance(source, BlendedStream) else None
         self.corpora: list[ParquetStream] = list(source.datasets) if self.blend is not None else [source]
@@ -94,6 +126,12 @@ class PackedStream(PlannedStream):
         self._tokens: list[np.ndarray] | None = None  # per corpus, per row group of its catalog, from the footers
         self._dtypes: dict[str, np.dtype] | None = None
         self._sequences: int | None = None
+
+    @property
+    def holds_gil(self) -> bool:
+        """Whether reading runs Python that holds the GIL (a callable tokenizer): ``StreamLoader`` then
+        runs its workers as processes, so tokenizing does not compete with the training loop."""
+        return self.text is not None and not self.text.releases_gil
 
     @property
     def topology(self) -> tuple[int, int]:
@@ -157,6 +195,8 @@ class PackedStream(PlannedStream):
             return {k: v for k, v in ds.fingerprint().items() if k not in ("batch_size", "shuffle_window", "uneven", "columns")}
 
         packing = {"packed_columns": self.columns, "seq_len": self.seq_len, "batch_size": self.batch_size}
+        if self.text is not None:
+            packing["tokenizer"] = self.text.identity or "an unnamed callable"
         if self.blend is None:
             return {**corpus(self.source), **packing, "tokens": self.num_tokens}
         blend = self.blend
@@ -202,6 +242,8 @@ class PackedStream(PlannedStream):
                 readers[k] = RowGroupReader.from_catalog(ds.catalog, ds.storage_options, columns=self.columns)
             if (k, epoch) not in documents:  # the source's row order of that (corpus) epoch
                 documents[(k, epoch)] = EpochPlan(ds.catalog.layout, ds.config, epoch, 1)
+            if self.text is not None:
+                return self._text_group(readers[k], k, what.rg, documents[(k, epoch)])
             return self._token_group(readers[k], k, what.rg, documents[(k, epoch)])
 
         def assemble(spec: BatchSpec, groups: dict[int, TokenGroup]) -> Batch:
@@ -237,11 +279,23 @@ class PackedStream(PlannedStream):
         if len(lengths) != catalog.rg_rows[rg] or int(lengths.sum()) != int(tokens[rg]):
             raise ReadError(f"{where}: {len(lengths)} rows and {int(lengths.sum())} tokens, but the footer said "
                             f"{int(catalog.rg_rows[rg])} rows and {int(tokens[rg])} tokens; did the file change?")
-        starts = np.zeros(len(lengths), dtype=np.int64)
-        if len(lengths) > 1:
-            np.cumsum(lengths[:-1], out=starts[1:])
-        order = documents.rows_at(np.full(len(lengths), rg, dtype=np.int64), np.arange(len(lengths), dtype=np.int64))
-        return token_group(lengths, starts, values, order)
+        return _in_document_order(lengths, values, rg, documents)
+
+    def _text_group(self, reader: RowGroupReader, k: int, rg: int, documents: EpochPlan) -> TokenGroup:
+        """A text row group tokenized (on the read-ahead thread that read it), checked against its count."""
+        assert self.text is not None
+        catalog, tokens = self.corpora[k].catalog, self._token_counts()[k]
+        file_index, index = int(catalog.rg_file[rg]), int(catalog.rg_index[rg])
+        where = f"{catalog.urls[file_index]}: row group {index}"
+        texts = row_group_texts(reader.read(file_index, index), self.column)
+        lengths, ids = self.text.encode(texts, where)
+        if len(lengths) != catalog.rg_rows[rg] or int(lengths.sum()) != int(tokens[rg]):
+            raise ReadError(f"{where}: {len(lengths)} rows tokenized to {int(lengths.sum())} tokens, but "
+                            f"{int(catalog.rg_rows[rg])} rows and {int(tokens[rg])} tokens were counted before the "
+                            "epoch was planned: the file changed, the tokenizer is not deterministic, or a cached "
+                            "count belongs to another tokenizer under the same tokenizer_name (delete the "
+                            "tokens-*.json files of the catalog cache)")
+        return _in_document_order(lengths, {TOKENS: ids}, rg, documents)
 
     def _token_counts(self) -> list[np.ndarray]:
         """Tokens per row group of each corpus, from the catalogs' footer summaries (read once); checks
@@ -256,11 +310,28 @@ class PackedStream(PlannedStream):
                                      f"{ {k: str(v) for k, v in dtypes.items()} } vs { {k: str(v) for k, v in mine.items()} }")
                 dtypes = mine
             self._dtypes = dtypes
-            self._tokens = [token_counts(ds.catalog, self.column) for ds in self.corpora]
+            if self.text is None:
+                self._tokens = [token_counts(ds.catalog, self.column) for ds in self.corpora]
+            else:
+                self._tokens = [self._count_text(ds) for ds in self.corpora]
         return self._tokens
 
+    def _count_text(self, ds: ParquetStream) -> np.ndarray:
+        assert self.text is not None
+        return count_text_tokens(ds.catalog, ds.storage_options, self.column, self.text, ds.catalog_cache,
+                                 distributed=current_worker()[1] == 0 and ds._splits_catalog(),
+                                 group=ds._catalog_group)
+
     def _check_columns(self, schema: pa.Schema, where: str) -> dict[str, np.dtype]:
-        """Every packed column must be a list of numbers; their dtypes, for padding batches."""
+        """Every packed column must be a list of numbers (a text column: a string); their dtypes, for padding batches."""
+        if self.text is not None:
+            if self.column not in schema.names:
+                raise ValueError(f"column {self.column!r} is not in {where}'s columns {schema.names}")
+            t = schema.field(self.column).type
+            if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)):
+                raise ValueError(f"column {self.column!r} is {t}; with tokenizer= PackedStream tokenizes a string "
+                                 "column (a column of token lists is packed without tokenizer=)")
+            return {TOKENS: np.dtype(np.int64)}
         dtypes = {}
         for name in self.columns:
             if name not in schema.names:
@@ -273,6 +344,16 @@ class PackedStream(PlannedStream):
             dtype = np.dtype(t.value_type.to_pandas_dtype())
             dtypes[name] = np.dtype(np.int64) if dtype.kind == "u" and dtype != np.uint8 else dtype  # torch lacks most uints
         return dtypes
+
+
+def _in_document_order(lengths: np.ndarray, values: dict[str, np.ndarray], rg: int, documents: EpochPlan) -> TokenGroup:
+    """Row group ``rg``'s tokens (rows of ``lengths`` tokens end to end in ``values``, file order) laid out
+    in the epoch's document order."""
+    starts = np.zeros(len(lengths), dtype=np.int64)
+    if len(lengths) > 1:
+        np.cumsum(lengths[:-1], out=starts[1:])
+    order = documents.rows_at(np.full(len(lengths), rg, dtype=np.int64), np.arange(len(lengths), dtype=np.int64))
+    return token_group(lengths, starts, values, order)
 
 
 def cu_seqlens(position_ids: torch.Tensor) -> torch.Tensor:

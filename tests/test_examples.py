@@ -13,7 +13,8 @@ pytestmark = pytest.mark.slow  # subprocesses: run by make test, skippable with 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-@pytest.mark.parametrize("name", ["quickstart.py", "resume.py", "blend.py", "frozen_cache.py", "demo.py", "pretrain_packed.py"])
+@pytest.mark.parametrize("name", ["quickstart.py", "resume.py", "blend.py", "frozen_cache.py", "demo.py", "pretrain_packed.py",
+                                  "pretrain_text.py"])
 def test_example_runs(name):
     done = subprocess.run([sys.executable, str(EXAMPLES / name)], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
