@@ -82,11 +82,11 @@ def list_sources(paths: Any, filesystems: FileSystems, retry: RetryPolicy | None
         parts.append((found.entries, found.partitions, str(table)))
         tags.append(found.tag)
         deleted.update(found.deleted)
-    listing = _merged(parts, tuple(tags))
-    return Listing(listing.files, listing.partitions, listing.tables, deleted)
+    return _merged(parts, tuple(tags), deleted)
 
 
-def _merged(parts: list[tuple[list[FileEntry], pa.Table | None, str]], tags: tuple[str, ...]) -> Listing:
+def _merged(parts: list[tuple[list[FileEntry], pa.Table | None, str]], tags: tuple[str, ...],
+            deleted: dict[str, np.ndarray]) -> Listing:
     """One listing in URL order; a file named by two sources is read once (the first source's)."""
     keys = combine([([f.url for f in entries], table, what) for entries, table, what in parts])
     rows: dict[str, tuple[FileEntry, int]] = {}
@@ -101,7 +101,7 @@ def _merged(parts: list[tuple[list[FileEntry], pa.Table | None, str]], tags: tup
         keys = keys.take(pa.array([rows[url][1] for url in order], pa.int64()))
     if not files:
         raise CatalogError(f"no files to catalog: the table(s) {list(tags)} hold no data files")
-    return Listing(files, keys, tags)
+    return Listing(files, keys, tags, deleted)
 
 
 def _given_path(plain: Sequence[str], root: str, filesystems: FileSystems) -> str | None:

@@ -228,3 +228,18 @@ def test_a_table_on_s3_reads_its_log_with_options_derived_from_the_streams(table
     assert _rows(url, storage_options=s3.storage_options) == _expected(table)
     assert _rows(ss.DeltaTable(url, version=1), storage_options=s3.storage_options) == _expected(table, 1)
     assert ss.Catalog.build(url, storage_options=s3.storage_options).tables == (f"delta:{url}@2",)
+
+
+def test_inspect_says_which_rows_deletion_vectors_delete(tmp_path):
+    import io
+    import json
+
+    from streamshard.cli import main
+
+    path = tmp_path / "dv"
+    _table_with_deletion_vector(path, [0, 2, 4, 9])
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["inspect", str(path), "--json"], out=out, err=err) == 0, err.getvalue()
+    report = json.loads(out.getvalue())
+    assert report["tables"] == [f"delta:file://{path}@1"]
+    assert any(w["kind"] == "deleted_rows" and "delivers 6 rows" in w["message"] for w in report["warnings"])

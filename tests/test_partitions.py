@@ -202,3 +202,10 @@ def test_inspect_shows_the_keys(tmp_path):
     out = io.StringIO()
     assert main(["inspect", str(tmp_path / "t")], out=out, err=io.StringIO()) == 0
     assert "year: int32 (partition key)" in out.getvalue()
+    out = io.StringIO()
+    assert main(["inspect", str(tmp_path / "t"), "--partitioning", "none", "--json"], out=out, err=io.StringIO()) == 0
+    assert [c["name"] for c in json.loads(out.getvalue())["columns"]] == ["x"]
+    out = io.StringIO()  # plan and bench take the same option; plan builds the catalog with the keys
+    assert main(["plan", str(tmp_path / "t"), "--columns", "year", "--world-size", "2", "--num-workers", "1", "--json"],
+                out=out, err=io.StringIO()) == 0
+    assert json.loads(out.getvalue())["rows"] == ROWS

@@ -29,6 +29,7 @@ def run_bench(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
     stats = torch.zeros((max(args.num_workers, 1), len(_WorkerTimes.FIELDS)), dtype=torch.float64).share_memory_()
     ds = ParquetStream(
         args.urls, columns=args.columns, batch_size=args.batch_size, storage_options=args.storage_options,
+        partitioning=None if args.partitioning == "none" else args.partitioning,
         rank=0, world_size=1, read_ahead=args.read_ahead,
     )
     ds.stats_hook = _WorkerTimes(stats)

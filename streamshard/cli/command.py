@@ -143,8 +143,11 @@ def _batch_size(command: argparse.ArgumentParser) -> None:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("urls", nargs="+", metavar="URL", help="Parquet file, directory or glob; any fsspec URL")
+    parser.add_argument("urls", nargs="+", metavar="URL",
+                        help="Parquet file, directory or glob, or a Delta table's root (its latest version); any fsspec URL")
     parser.add_argument("--columns", type=_column_list, default=None, help="comma-separated column projection")
+    parser.add_argument("--partitioning", choices=("hive", "none"), default="hive",
+                        help="hive: k=v directory names become columns (default); none: ignored")
     parser.add_argument("--storage-options", default=None, metavar="JSON|@FILE",
                         help="fsspec options as JSON text, or @path to a JSON file")
     parser.add_argument("--json", action="store_true", help="machine-readable output")

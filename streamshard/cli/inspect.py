@@ -50,7 +50,8 @@ class _FileBytes:
 def run_inspect(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
     """Read every footer; describe files, row groups, bytes and schema; collect warnings."""
     filesystems = FileSystems(args.storage_options)
-    listing = list_sources(args.urls, filesystems)  # files, Delta tables, Hive keys: what a stream would read
+    partitioning = None if getattr(args, "partitioning", "hive") == "none" else "hive"
+    listing = list_sources(args.urls, filesystems, partitioning=partitioning)  # what a stream would read
     files = [(f.url, f.size) for f in listing.files]
     keys = set(listing.keys)
     columns = None if args.columns is None else [c for c in args.columns if c not in keys]
@@ -102,6 +103,11 @@ def run_inspect(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
         "warnings": warnings,
     }
     warnings.extend(_inspect_warnings(args, report, rg_rows, decoded, [len(f.row_group_rows) for f in footers], footers))
+    if listing.deleted:  # the footers count rows a Delta deletion vector deletes; a stream leaves them out
+        gone = sum(len(rows) for rows in listing.deleted.values())
+        warnings.append({"kind": "deleted_rows", "message": (
+            f"{gone:,} row(s) of {len(listing.deleted)} file(s) are deleted by deletion vectors: the row counts above "
+            f"include them, a stream delivers {report['rows'] - gone:,} rows")})
     return report
 
 

@@ -20,7 +20,8 @@ from .progress import progress_bar
 def run_plan(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
     """Each global worker's rows, batches and padding for the epoch, under both uneven policies."""
     with progress_bar(err, total=None, unit="footers", desc="catalog", quiet=args.quiet) as footers:
-        catalog = Catalog.build(args.urls, args.columns, args.storage_options, progress=footers.update)
+        catalog = Catalog.build(args.urls, args.columns, args.storage_options, progress=footers.update,
+                                partitioning=None if args.partitioning == "none" else args.partitioning)
     workers = args.world_size * max(args.num_workers, 1)
     plans = {
         policy: EpochPlan(
