@@ -2,7 +2,8 @@
 
 One JSON file per (paths, columns); inside, one entry per file holding its size and version
 (S3 ``ETag``, else ``mtime``, as the listing reports them), its row counts, column-chunk byte
-ranges and projected Arrow schema (Arrow IPC bytes, base64). An entry is reused only when the
+ranges and projected Arrow schema (an index into the file's list of distinct schemas, each Arrow IPC
+bytes in base64: a lake's files share a few). An entry is reused only when the
 listing shows the same size and version; a file without a version is always re-read. JSON and
 Arrow IPC only: nothing here can execute code when loaded.
 
@@ -19,6 +20,7 @@ URL's signature and token, a ``user:password@``), and entries are matched by tha
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import logging
@@ -35,7 +37,7 @@ from .storage import redact_url
 
 log = logging.getLogger("streamshard")
 
-FORMAT_VERSION = 2  # 2: leaf value counts per column chunk
+FORMAT_VERSION = 3  # 2: leaf value counts per column chunk; 3: each distinct schema written once
 
 
 def footer_to_dict(footer: FileFooter) -> dict[str, Any]:
@@ -49,7 +51,7 @@ def footer_to_dict(footer: FileFooter) -> dict[str, Any]:
         "rows": [int(r) for r in footer.row_group_rows],
         "ranges_shape": list(ranges.shape),
         "ranges": [int(x) for x in ranges.ravel()],
-        "schema": base64.b64encode(footer.schema.serialize().to_pybytes()).decode("ascii"),
+        "schema": encode_schema(footer.schema),
         "maybe_null": sorted(footer.maybe_null),
         "values": [] if footer.values is None else [int(x) for x in footer.values.ravel()],
     }
@@ -57,7 +59,7 @@ def footer_to_dict(footer: FileFooter) -> dict[str, Any]:
 
 def footer_from_dict(data: dict[str, Any]) -> FileFooter:
     """The ``FileFooter`` that ``footer_to_dict`` described (trusted input: see ``check_entry``)."""
-    schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(data["schema"])))
+    schema = decode_schema(data["schema"])
     ranges = np.array(data["ranges"], dtype=np.int64).reshape(data["ranges_shape"])
     return FileFooter(
         url=data["url"],
@@ -100,13 +102,19 @@ class CatalogCache:
             return {}
         if stored.get("format") != FORMAT_VERSION or stored.get("columns") != self.columns:
             return {}  # another format or projection: not ours to use
-        entries = stored["files"]
+        entries, schemas = stored["files"], stored.get("schemas")
+        if not isinstance(schemas, list) or not all(isinstance(x, str) for x in schemas):
+            log.warning("catalog cache %s has no list of schemas; rebuilding it", self.path)
+            return {}
         valid, rejected = {}, []
         for file in files:
             written = redact_url(file.url)
             entry = entries.get(written)
             if entry is None or not file.version:
                 continue
+            index = entry.get("schema") if isinstance(entry, dict) else None
+            if _is_int(index) and 0 <= index < len(schemas):
+                entry = {**entry, "schema": schemas[index]}
             problem = check_entry(entry, file, self.columns, written)
             if problem is None:
                 valid[file.url] = {**entry, "url": file.url}
@@ -124,8 +132,11 @@ class CatalogCache:
         filesystem, a path through a file) is a warning naming it, and the build goes on.
         """
         directory = os.path.dirname(self.path)
-        written = [{**f, "url": redact_url(f["url"])} for f in footers]
-        payload = {"format": FORMAT_VERSION, "columns": self.columns, "files": {f["url"]: f for f in written}}
+        schemas: dict[str, int] = {}  # a lake's files share a few schemas: each is written once, entries index it
+        written = [{**f, "url": redact_url(f["url"]), "schema": schemas.setdefault(f["schema"], len(schemas))}
+                   for f in footers]
+        payload = {"format": FORMAT_VERSION, "columns": self.columns, "schemas": list(schemas),
+                   "files": {f["url"]: f for f in written}}
         tmp = None
         try:
             os.makedirs(directory, exist_ok=True)
@@ -164,7 +175,7 @@ def check_entry(entry: Any, file: FileEntry, columns: Sequence[str] | None, url:
     if not _is_int(entry["footer_length"]) or not 0 < entry["footer_length"] <= file.size - 12:
         return f"footer_length {entry['footer_length']!r:.40} does not fit a file of {file.size} bytes"
     try:
-        schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(entry["schema"], validate=True)))
+        schema = decode_schema(entry["schema"])
     except Exception as exc:  # noqa: BLE001 - binascii, ArrowInvalid, TypeError: all mean a bad entry
         return f"schema does not decode ({type(exc).__name__})"
     if columns is not None and schema.names != list(columns):
@@ -186,6 +197,18 @@ def check_entry(entry: Any, file: FileEntry, columns: Sequence[str] | None, url:
             _is_int(v) and v >= -1 for v in values):
         return "values is not a list of leaf counts (>= -1), one per row group and column"
     return None
+
+
+@functools.lru_cache(maxsize=256)
+def encode_schema(schema: pa.Schema) -> str:
+    """``schema`` as base64 Arrow IPC, encoded once per distinct one (files by one writer share it)."""
+    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
+
+
+@functools.lru_cache(maxsize=256)
+def decode_schema(encoded: str) -> pa.Schema:
+    """The Arrow schema of a footer dict's ``schema`` (base64 Arrow IPC), decoded once per distinct one."""
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(encoded, validate=True)))
 
 
 def _is_int(value: Any) -> bool:

@@ -67,7 +67,10 @@ def test_cache_is_reused_when_nothing_changed(counted):
     assert same_catalog(first, second)
     (cache_file,) = os.listdir(cache_dir)
     with open(os.path.join(cache_dir, cache_file)) as f:
-        assert json.load(f)["format"] == FORMAT_VERSION  # plain JSON, nothing executable
+        stored = json.load(f)
+    assert stored["format"] == FORMAT_VERSION  # plain JSON, nothing executable
+    # one writer, one schema: written once and indexed (a 100,000-file cache held 100,000 copies of it)
+    assert len(stored["schemas"]) == 1 and {e["schema"] for e in stored["files"].values()} == {0}
 
 
 def test_cache_rereads_only_the_file_that_changed(counted, tmp_path):
