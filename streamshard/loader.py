@@ -193,6 +193,7 @@ class _Pass:
     epoch: int
     origin: Any
     consumed: int = 0
+    skipped: bool = False  # ``skip()`` moved it on while a loop was iterating it: that loop restarts after the skip
 
 
 class _EpochSetter:
@@ -382,10 +383,57 @@ class StreamLoader:
         self._epoch, self._pass = self._source.epoch, None
         self._loader = None  # workers must start from the new position
 
+    # -- steering -----------------------------------------------------------------------------
+    def skip(self, num_batches: int) -> None:
+        """Skip this rank's next ``num_batches`` batches without reading them: they count as consumed.
+
+        For loss-spike recovery: resume the checkpoint before the spike, ``skip`` the batches that
+        caused it, train on. Afterwards ``state_dict()`` is what an uninterrupted run has after
+        iterating those batches, and the next batch is the one that run would give next, on any
+        topology (after ``load_state_dict`` the skip counts from the resumed position). A skip past
+        the end of the epoch goes on into the next epochs. Called inside a ``for batch in loader``
+        loop, the loop goes on after the skipped batches (the workers restart there; a skip that
+        reaches the end of the epoch ends the loop, like the epoch's end). Every rank of a
+        synchronous job must skip the same number (their states stay equal).
+        """
+        left = check_int(num_batches, "num_batches", 0)
+        while left > 0:
+            current = self._standing_pass()
+            room = self._source.pass_batches(current.origin, self.num_workers) - current.consumed
+            if room <= 0:
+                raise ValueError(f"cannot skip: epoch {current.epoch} has no batches for this rank")
+            taken = min(left, room)
+            current.consumed += taken
+            current.skipped = True
+            left -= taken  # what is left goes on into the next epoch (``_standing_pass`` moves there)
+
+    def _standing_pass(self) -> _Pass:
+        """The pass the next batch comes from, as a ``_Pass`` that ``skip`` may move on: the running
+        or stopped pass if batches are left in it, else the next pass (a loaded state it uses up)."""
+        self._follow_dataset_epoch()
+        last = self._pass
+        if last is not None and last.consumed < self._source.pass_batches(last.origin, self.num_workers):
+            return last
+        if last is not None:
+            self.set_epoch(self._epoch + 1)  # the last pass ended (its loop just did not see the end)
+        self._pass = _Pass(self._epoch, self._source.take_origin())
+        return self._pass
+
     # -- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         """The rest of the current pass (after a ``break``), else the next one. Nothing starts until
-        the first batch is asked for, so a framework's ``iter()`` probe changes nothing."""
+        the first batch is asked for, so a framework's ``iter()`` probe changes nothing. A ``skip()``
+        inside the loop restarts the pass after the skipped batches."""
+        while True:
+            current = yield from self._one_pass()
+            if not current.skipped or self._pass is not current:
+                return  # the pass ended, or a skip took it to its end or beyond (the next epoch)
+            if current.consumed >= self._source.pass_batches(current.origin, self.num_workers):
+                self.set_epoch(self._epoch + 1)  # skipped to the epoch's end: the loop ends like the epoch
+                return
+
+    def _one_pass(self) -> Iterator[Any]:
+        """One pass of ``__iter__``; returns its ``_Pass``."""
         origin = self._next_origin(advance=True)
         self._source.set_epoch(self._epoch)  # the catalog is read here once; workers inherit it
         current = self._pass = _Pass(self._epoch, origin)
@@ -412,8 +460,13 @@ class StreamLoader:
                     f"StreamLoader was delivering epoch {current.epoch}; call them between passes, not inside the loop")
             current.consumed += 1
             yield batch
-        if self._pass is current:  # the epoch is exhausted: the next pass starts the next one
-            self.set_epoch(self._epoch + 1)
+            if current.skipped:
+                break
+        else:
+            if self._pass is current:  # the epoch is exhausted: the next pass starts the next one
+                self.set_epoch(self._epoch + 1)
+        _close(batches)
+        return current
 
     def _next_origin(self, advance: bool) -> Any:
         """Where the next pass starts: the rest of the last pass if it stopped early (``break``), the
@@ -451,6 +504,13 @@ class StreamLoader:
         consumed = self._pass.consumed if self._pass is not None else 0
         return (f"StreamLoader({type(self.dataset).__name__}, num_workers={self.num_workers}, epoch={self._epoch}, "
                 f"consumed={consumed})")
+
+
+def _close(batches: Iterator[Any]) -> None:
+    """Stop a pass's batches now (thread workers, device copies), not when they are collected."""
+    close = getattr(batches, "close", None)
+    if callable(close):
+        close()
 
 
 def _source(dataset: Any, sampler: Any, batch_size: Any, collate_fn: Any, drop_last: Any) -> _Source:
