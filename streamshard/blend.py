@@ -19,6 +19,8 @@ from .blend_schedule import MAX_SAMPLES, ORDERS, blend_counts
 from .batches import CORPUS
 from .dataset import ParquetStream
 from .delivery import deliver
+from .fetch import ReadStats
+from .loader_stats import sum_reads
 from .reader import RowGroupReader
 from .resume import Planner, Start
 from .schema import read_as, same_logical_type
@@ -165,9 +167,14 @@ class BlendedStream(PlannedStream):
         def place(what: Read) -> str:
             return f"corpus {self.names[what.source]!r} {self.datasets[what.source].catalog.place(what.rg)}"
 
+        stats = self._delivery_stats(ReadStats(), start.worker_id)
         try:
             read_ahead = max(ds.read_ahead for ds in self.datasets)
-            for batch in deliver(self.blend_batches(start), start.start, read, converter, read_ahead, describe=place):
+            for batch in deliver(self.blend_batches(start), start.start, read, converter, read_ahead, stats,
+                                 describe=place):
+                if stats is not None:
+                    sum_reads(readers.values(), into=stats.reads)
+                    self._report_stats(stats)
                 yield batch if self.transform is None else self.transform(batch)
         finally:
             for reader in readers.values():

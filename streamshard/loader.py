@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from .errors import StateError
 from .handoff import mapped_bytes
+from .loader_stats import LoopStats, WorkerTimes
 from .prefetch import DevicePrefetcher
 from .resume import Position
 from .sampler import ElasticSampler
@@ -299,6 +300,7 @@ class StreamLoader:
         device: str | torch.device | None = None,
         prefetch_depth: int = 2,
         workers: str = "auto",
+        stall_s: float = 1.0,
     ) -> None:
         self.dataset = dataset
         self._source = _source(dataset, sampler, batch_size, collate_fn, drop_last)
@@ -323,6 +325,7 @@ class StreamLoader:
         self._epoch = self._source.epoch
         self._pass: _Pass | None = None  # the running (or last) pass of this epoch; None: the source's origin next
         self._loader: DataLoader | None = None
+        self._init_stats(stall_s)
 
     @property
     def slot_bytes(self) -> int:
@@ -419,6 +422,40 @@ class StreamLoader:
         self._pass = _Pass(self._epoch, self._source.take_origin())
         return self._pass
 
+    # -- what the data path costs -----------------------------------------------------------------
+    def _init_stats(self, stall_s: float) -> None:
+        if isinstance(stall_s, bool) or not isinstance(stall_s, (int, float)) or not stall_s >= 0:
+            raise ValueError(f"stall_s must be a number of seconds >= 0, got {stall_s!r}")
+        self._loop_stats = LoopStats(float(stall_s))
+        self._worker_times = WorkerTimes(self.num_workers) if isinstance(self._source, _Stream) else None
+
+    def stats(self) -> dict[str, Any]:
+        """Where the data path's time went since this loader was made: a dict of plain numbers.
+
+        Counted in the training loop's thread: ``wait_s`` (seconds the loop spent waiting inside
+        ``next()`` for a batch, each pass's start-up included), ``batches`` and ``rows`` handed out
+        (rows: entries of ``sample_id`` that are not padding; a ``PackedStream``'s are tokens),
+        ``max_wait_s``, ``stalls`` (waits longer than ``stall_s``) with ``stall_wait_s`` and
+        ``recent_stalls`` (the last 16: epoch, step of the epoch as ``len`` counts it, seconds).
+        Counted by each worker (streams only; a map-style dataset's workers report nothing):
+        ``workers``, one dict per worker (``rows``, ``batches``, ``busy_s``, ``wait_s``, ``read_s``,
+        ``io_s``, ``decode_s``, ``prepare_s``, ``convert_s``, ``read_bytes``; see
+        ``loader_stats.WorkerTimes``; read-ahead included), and ``bytes_read``, their sum of bytes
+        fetched from storage. Cheap enough to leave on: a few counters per batch, no per-row work.
+        """
+        out = self._loop_stats.as_dict()
+        workers = self._worker_times.rows() if self._worker_times is not None else []
+        out["bytes_read"] = sum(w["read_bytes"] for w in workers)
+        out["workers"] = workers
+        return out
+
+    def _step_waited_for(self) -> tuple[int, int]:
+        """``(epoch, step)`` of the batch the loop is waiting for: the step as ``len`` counts the epoch."""
+        current = self._pass
+        if current is None:
+            return self._epoch, 0
+        return current.epoch, self._source.batches_before(current.origin) + current.consumed
+
     # -- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         """The rest of the current pass (after a ``break``), else the next one. Nothing starts until
@@ -437,6 +474,8 @@ class StreamLoader:
         origin = self._next_origin(advance=True)
         self._source.set_epoch(self._epoch)  # the catalog is read here once; workers inherit it
         current = self._pass = _Pass(self._epoch, origin)
+        if self._worker_times is not None:  # the pass's workers report their timings into this loader's table
+            self._source.stream._worker_times = self._worker_times
         if self.workers in ("threads", "none") and isinstance(self._source, _Stream):
             passes = self._source.stream.worker_passes(self.num_workers, origin)
             if self.workers == "none":
@@ -453,6 +492,7 @@ class StreamLoader:
             batches = iter(self._data_loader(origin))
         if self.device is not None:
             batches = iter(DevicePrefetcher(batches, self.device, self.prefetch_depth))
+        batches = self._loop_stats.timed(iter(batches), self._step_waited_for)
         for batch in batches:
             if self._pass is not current or self._source.epoch != current.epoch:
                 raise StateError(

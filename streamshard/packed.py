@@ -21,6 +21,8 @@ from .blend_plan import BlendMap, CorpusOrder, blend_length, position_config, po
 from .blend_schedule import blend_counts
 from .dataset import ParquetStream
 from .delivery import deliver
+from .fetch import ReadStats
+from .loader_stats import sum_reads
 from .errors import ConversionError, ReadError
 from .packing_plan import PackedBlendBatches, TokenGroup, pack, segment_bounds, token_counts, token_group
 from .plan import EpochPlan, Layout, PlanConfig
@@ -209,8 +211,12 @@ class PackedStream(PlannedStream):
             return {name: torch.from_numpy(array) for name, array in arrays.items()}
 
         read_ahead = max(ds.read_ahead for ds in self.corpora)
+        stats = self._delivery_stats(ReadStats(), start.worker_id)
         try:
-            for batch in deliver(self._schedule(start), start.start, read, None, read_ahead, None, assemble):
+            for batch in deliver(self._schedule(start), start.start, read, None, read_ahead, stats, assemble):
+                if stats is not None:
+                    sum_reads(readers.values(), into=stats.reads)
+                    self._report_stats(stats)
                 yield batch if self.transform is None else self.transform(batch)
         finally:
             for reader in readers.values():

@@ -28,8 +28,10 @@ from typing import Any, Callable, Iterator, Mapping
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .batch_plan import Schedule
+from .delivery import DeliveryStats
 from .elastic import Segment
 from .errors import StateError
+from .fetch import ReadStats
 from .handoff import WorkerSlots
 from .integrations.accelerate import check_pass_context
 from .resume import Planner, Position, Start, WorkerPosition
@@ -55,6 +57,7 @@ class PlannedStream(IterableDataset):
         self._progress: dict[str, Any] | None = None  # what this process's current pass delivered
         self._slots: WorkerSlots | None = None  # this worker process's hand-off slots (handoff.py)
         self._repeat_warned = False
+        self._worker_times: Callable[[DeliveryStats], None] | None = None  # StreamLoader.stats()'s table (loader_stats.py)
 
     # -- what a subclass provides ---------------------------------------------------------------
     @property
@@ -71,6 +74,23 @@ class PlannedStream(IterableDataset):
 
     def _before_pass(self, start: Start, worker_id: int, num_workers: int) -> None:
         """A hook at the start of every pass (warnings)."""
+
+    # -- where a worker's time goes (``stats_hook``, ``StreamLoader.stats()``) ------------------------
+    def _delivery_stats(self, reads: ReadStats, worker_id: int) -> DeliveryStats | None:
+        """A worker's timings for this pass, kept only if someone reads them."""
+        if self._worker_times is None and getattr(self, "stats_hook", None) is None:
+            return None
+        return DeliveryStats(reads, worker_id)
+
+    def _report_stats(self, stats: DeliveryStats | None) -> None:
+        """After each batch a worker makes: its cumulative timings to the loader's table and ``stats_hook``."""
+        if stats is None:
+            return
+        if self._worker_times is not None:
+            self._worker_times(stats)
+        hook = getattr(self, "stats_hook", None)
+        if hook is not None:
+            hook(stats)
 
     # -- rank -----------------------------------------------------------------------------------
     @property

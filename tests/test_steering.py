@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import pytest
@@ -17,6 +18,7 @@ import streamshard as ss
 
 from helpers import ids_of
 from resume_harness import as_checkpoint, row_keys, same_batches
+from test_packed import write_documents
 
 WORKERS = [("threads", 2), ("processes", 2), ("none", 0)]
 
@@ -163,3 +165,61 @@ def test_skip_on_a_map_style_loader(skewed_corpus):
 def test_skip_refuses_a_negative_count(skewed_corpus):
     with pytest.raises(ValueError, match="num_batches"):
         loader_of(skewed_corpus, "none", 0).skip(-1)
+
+
+# -- stats -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind, workers", WORKERS)
+def test_stats_count_what_the_loop_and_every_worker_did(skewed_corpus, kind, workers):
+    loader = loader_of(skewed_corpus, kind, workers, shuffle=False)
+    total = loader.dataset.catalog.num_rows
+    batches = list(loader)
+    stats = loader.stats()
+    assert stats["batches"] == len(batches) and stats["rows"] == len(real(batches)) == total
+    assert 0 < stats["wait_s"] and stats["max_wait_s"] <= stats["wait_s"]
+    assert len(stats["workers"]) == max(workers, 1)
+    assert sum(w["rows"] for w in stats["workers"]) == total, "each worker counts the rows it made, over all"
+    assert sum(w["batches"] for w in stats["workers"]) == len(batches)
+    assert all(w["busy_s"] > 0 and w["read_bytes"] > 0 and w["read_s"] >= w["io_s"] for w in stats["workers"])
+    assert stats["bytes_read"] == sum(w["read_bytes"] for w in stats["workers"]) > 0
+    list(loader)  # a second epoch adds to the counts
+    again = loader.stats()
+    assert again["batches"] == 2 * len(batches) and sum(w["rows"] for w in again["workers"]) == 2 * total
+    assert again["bytes_read"] > stats["bytes_read"]
+
+
+def test_stats_of_blended_and_packed_streams_count_their_workers_reads(skewed_corpus, small_corpus, tmp_path):
+    corpora = {"a": make(skewed_corpus), "b": make(small_corpus)}
+    blend = ss.BlendedStream(corpora, weights={"a": 0.5, "b": 0.5}, batch_size=32, rank=0, world_size=1)
+    documents = tmp_path / "docs"
+    write_documents(documents, [[120, 40], [60]])
+    packed = ss.PackedStream(make(str(documents)), column="input_ids", seq_len=64, batch_size=4)
+    for stream in (blend, packed):
+        loader = ss.StreamLoader(stream, num_workers=2)
+        batches = list(loader)
+        stats = loader.stats()
+        assert stats["batches"] == len(batches) and stats["rows"] == len(real(batches))
+        assert all(w["batches"] > 0 and w["read_bytes"] > 0 for w in stats["workers"]), type(stream).__name__
+
+
+def _slow_batch(batch):
+    if int(batch["sample_id"][0]) == SLOW_FIRST_ID:
+        time.sleep(0.5)
+    return batch
+
+
+SLOW_FIRST_ID = 150  # unshuffled, batch_size 50: the fourth batch (step 3)
+
+
+def test_a_stall_is_counted_with_the_step_it_held_up(skewed_corpus):
+    loader = ss.StreamLoader(make(skewed_corpus, shuffle=False, transform=_slow_batch), num_workers=0, stall_s=0.3)
+    batches = list(loader)
+    stats = loader.stats()
+    assert int(batches[3]["sample_id"][0]) == SLOW_FIRST_ID
+    steps = [s["step"] for s in stats["recent_stalls"]]
+    assert 3 in steps and set(steps) <= {0, 3}, stats["recent_stalls"]  # step 0 may wait for start-up
+    assert stats["stalls"] == len(steps) and stats["stall_wait_s"] >= 0.5 and stats["wait_s"] >= 0.5
+    assert stats["stall_threshold_s"] == 0.3
+    with pytest.raises(ValueError, match="stall_s"):
+        ss.StreamLoader(make(skewed_corpus), stall_s=-1)
