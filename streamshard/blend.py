@@ -142,9 +142,12 @@ class BlendedStream(PlannedStream):
     def blend_batches(self, start: Start) -> BlendBatches:
         """The pure blend schedule of a worker (``schedule()`` gives the positions it reads)."""
         assert isinstance(start.schedule, StreamSchedule)
-        blend = BlendMap(self.weights, self.num_samples, self.order, self.seed, self.epoch)
+        blend = BlendMap(self.weights, self.num_samples, self.order, self.seed, start.schedule.plan.epoch)
         corpora = [CorpusOrder(ds.layout, ds.config) for ds in self.datasets]
         return BlendBatches(start.schedule, blend, corpora)
+
+    def _schedule_of(self, start: Start) -> BlendBatches:
+        return self.blend_batches(start)
 
     def schedule(self, worker_id: int = 0, num_workers: int = 0) -> BlendBatches:
         """The exact batches DataLoader worker ``worker_id`` of this rank delivers in this pass, without

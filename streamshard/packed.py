@@ -179,6 +179,13 @@ class PackedStream(PlannedStream):
         corpora = [CorpusOrder(self._token_layout(k), self._token_config(k)) for k in range(len(self.corpora))]
         return PackedBlendBatches(start.schedule, blend, corpora, self.seq_len)
 
+    def step_sample_ids(self, step: int, num_workers: int = 0, epoch: int | None = None) -> list[dict[str, Any]]:
+        """Not available for a pack: which document a token belongs to depends on the documents'
+        lengths, which only the data holds (the plan knows token positions, not documents)."""
+        raise NotImplementedError(
+            "PackedStream.step_sample_ids: a token's document id needs the documents' lengths, which are in the data, "
+            "not the footers; ask the source stream for the rows of its batches, or record batch['sample_id']")
+
     def _token_layout(self, k: int) -> Layout:
         return Layout(self._token_counts()[k], self.corpora[k].catalog.rg_file)
 

@@ -180,6 +180,71 @@ class PlannedStream(IterableDataset):
         without reading anything (``schedule(...).sample_ids()`` simulates it)."""
         return self._start(self.origin(), worker_id, num_workers).schedule
 
+    # -- provenance: which rows a step held, without reading ---------------------------------------
+    def step_sample_ids(self, step: int, num_workers: int = 0, epoch: int | None = None) -> list[dict[str, Any]]:
+        """The rows every rank trained on at one step, computed from the plan alone (no file is opened).
+
+        Element ``r`` is rank ``r``'s batch at that step: ``{"sample_id": int64 ids of its real rows
+        in batch order}`` (padding left out), plus ``"corpus"`` for a blend. ``num_workers`` is the run's
+        loader worker count. (Not for a ``PackedStream``: a token's document needs the data.)
+
+        * ``epoch=None``: ``step`` counts batches per rank from the start of epoch 0, epochs back to
+          back on this stream's topology (a run that was never resized).
+        * ``epoch=e``: ``step`` is the batch of epoch ``e`` as ``len(loader)`` counts it (Lightning's
+          ``batch_idx``, ``StreamLoader.stats()``'s stall steps). When a state of epoch ``e`` is loaded
+          and not yet used, its history says which topologies ran the steps before it: those steps
+          are answered for the ranks of their own topology.
+        """
+        step = check_int(step, "step", 0)
+        num_workers = check_int(num_workers, "num_workers", 0)
+        if epoch is None:
+            epoch, step = self._epoch_of_step(step, num_workers)
+            origin = Position(epoch)
+        else:
+            epoch = check_int(epoch, "epoch", 0)
+            pending = self.origin()
+            origin = pending if pending.epoch == epoch and pending.worker is None else Position(epoch)
+        before = 0
+        for i, segment in enumerate(origin.history):  # steps of earlier topologies
+            if step < before + segment.batches:
+                return self._step_rows(Position(epoch, origin.history[:i]), segment.world_size, segment.num_workers,
+                                       step - before)
+            before += segment.batches
+        rest = self.pass_batches(origin, num_workers)
+        if step - before >= rest:
+            raise ValueError(f"step {step} is past the end of epoch {epoch}, which has {before + rest} steps per rank")
+        return self._step_rows(origin, self.world_size, num_workers, step - before)
+
+    def _epoch_of_step(self, step: int, num_workers: int) -> tuple[int, int]:
+        """``(epoch, step of that epoch)`` of a step counted from the start of epoch 0."""
+        epoch = 0
+        while True:
+            length = self.pass_batches(Position(epoch), num_workers)
+            if length == 0:
+                raise ValueError(f"epoch {epoch} has no batches: step {step} is never reached")
+            if step < length:
+                return epoch, step
+            step -= length
+            epoch += 1
+
+    def _step_rows(self, origin: Position, world_size: int, num_workers: int, t: int) -> list[dict[str, Any]]:
+        """Each rank's batch ``t`` of a pass from ``origin`` on ``world_size`` ranks x ``num_workers``:
+        round robin, so worker ``t % n`` gives it (``StreamLoader``'s order, and a ``DataLoader``'s)."""
+        n = max(num_workers, 1)
+        rows = []
+        for rank in range(world_size):
+            start = self.planner.start(origin.epoch, origin, rank, world_size, t % n, num_workers)
+            spec = self._schedule_of(start).batch(start.start + t // n)
+            row = {"sample_id": spec.sample_id}
+            if spec.corpus is not None:
+                row["corpus"] = spec.corpus
+            rows.append(row)
+        return rows
+
+    def _schedule_of(self, start: Start) -> Schedule:
+        """A worker's batches from its ``Start`` (a blend or a pack wraps the planned positions)."""
+        return start.schedule
+
     # -- a pass's arithmetic (StreamLoader keeps the count) ---------------------------------------
     def pass_batches(self, origin: Position, num_workers: int) -> int:
         """Batches this rank yields in a pass from ``origin`` to the end of its epoch."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -223,3 +224,94 @@ def test_a_stall_is_counted_with_the_step_it_held_up(skewed_corpus):
     assert stats["stall_threshold_s"] == 0.3
     with pytest.raises(ValueError, match="stall_s"):
         ss.StreamLoader(make(skewed_corpus), stall_s=-1)
+
+
+# -- provenance ----------------------------------------------------------------------------------
+
+
+def delivered_rows(batch, keys=("sample_id",)):
+    real = batch["sample_id"].reshape(-1) >= 0
+    return {k: batch[k].reshape(-1)[real].numpy() for k in keys}
+
+
+def assert_same_rows(planned, batches_per_rank, step, keys=("sample_id",)):
+    assert len(planned) == len(batches_per_rank), f"step {step}: ranks"
+    for rank, (rows, batches) in enumerate(zip(planned, batches_per_rank)):
+        got = delivered_rows(batches[step], keys)
+        for key in keys:
+            assert rows[key].tolist() == got[key].tolist(), f"step {step}, rank {rank}, {key}"
+
+
+def test_the_rows_of_a_global_step_on_every_rank_are_the_rows_delivered(skewed_corpus):
+    world, workers = 2, 2
+    run = []
+    for rank in range(world):
+        loader = ss.StreamLoader(make(skewed_corpus, rank=rank, world_size=world, shuffle_window=3), num_workers=workers)
+        run.append(list(loader) + list(loader))  # epochs 0 and 1, back to back
+    probe = make(skewed_corpus, rank=0, world_size=world, shuffle_window=3)
+    steps = len(run[0])
+    for step in sorted({0, 1, 5, steps // 2 - 1, steps // 2, steps // 2 + 3, steps - 1}):
+        assert_same_rows(probe.step_sample_ids(step, num_workers=workers), run, step)
+    per_epoch = steps // 2
+    assert_same_rows(probe.step_sample_ids(4, num_workers=workers, epoch=1), run, per_epoch + 4)
+    with pytest.raises(ValueError, match="past the end of epoch 0"):
+        probe.step_sample_ids(per_epoch, num_workers=workers, epoch=0)
+
+
+def test_steps_before_a_resize_are_answered_for_the_ranks_that_ran_them(skewed_corpus):
+    def loader(rank, world):
+        return ss.StreamLoader(make(skewed_corpus, rank=rank, world_size=world), num_workers=2)
+
+    before = [take(loader(rank, 2), 3) for rank in range(2)]
+    state = as_checkpoint(_state_after(loader(0, 2), 3))
+    after = []
+    for rank in range(3):
+        resumed = loader(rank, 3)
+        resumed.load_state_dict(state)
+        after.append(list(resumed))
+    probe = make(skewed_corpus, rank=0, world_size=3)
+    probe.load_state_dict(state)
+    for step in range(3):
+        assert_same_rows(probe.step_sample_ids(step, num_workers=2, epoch=0), before, step)
+    for step in (3, 4, 3 + len(after[0]) - 1):
+        assert_same_rows(probe.step_sample_ids(step, num_workers=2, epoch=0), after, step - 3)
+
+
+def _state_after(loader, k):
+    take(loader, k)
+    return loader.state_dict()
+
+
+def test_the_rows_of_a_blend_step_name_their_corpus(skewed_corpus, small_corpus):
+    def blend(rank):
+        corpora = {"a": make(skewed_corpus, rank=rank, world_size=2), "b": make(small_corpus, rank=rank, world_size=2)}
+        return ss.BlendedStream(corpora, weights={"a": 0.6, "b": 0.4}, batch_size=16, order="shuffled")
+
+    run = []
+    for rank in range(2):
+        loader = ss.StreamLoader(blend(rank), num_workers=2)
+        run.append(list(loader) + list(loader))  # two epochs: the blend map differs by epoch
+    for step in (0, 3, len(run[0]) // 2, len(run[0]) - 1):
+        assert_same_rows(blend(0).step_sample_ids(step, num_workers=2), run, step, keys=("sample_id", "corpus"))
+
+
+def test_a_packed_stream_says_it_cannot_name_a_steps_documents(tmp_path):
+    write_documents(tmp_path / "docs", [[40]])
+    packed = ss.PackedStream(make(str(tmp_path / "docs")), seq_len=64, batch_size=4)
+    with pytest.raises(NotImplementedError, match="document"):
+        packed.step_sample_ids(0)
+
+
+def test_the_readme_tensorboard_snippet_logs_the_stats(skewed_corpus, tmp_path, monkeypatch):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    snippet = readme.split("<!-- stats-tensorboard -->\n```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    loader = loader_of(skewed_corpus, "threads", 2, batch_size=1)  # more than 100 steps
+    exec(compile(snippet, "README.md", "exec"), {"loader": loader})
+    events = EventAccumulator(str(tmp_path / "runs" / "data"))
+    events.Reload()
+    rows = events.Scalars("data/rows")
+    assert [e.step for e in rows][:2] == [0, 100] and rows[1].value == 101
+    assert {"data/wait_s", "data/worker0/busy_s", "data/worker1/decode_s"} <= set(events.Tags()["scalars"])
