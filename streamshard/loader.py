@@ -18,6 +18,7 @@ break-and-continue are the same code for both.
 
 from __future__ import annotations
 
+import weakref
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Protocol
@@ -194,7 +195,7 @@ class _Pass:
     epoch: int
     origin: Any
     consumed: int = 0
-    skipped: bool = False  # ``skip()`` moved it on while a loop was iterating it: that loop restarts after the skip
+    restart: bool = False  # ``skip()`` or a new plan (set_weights) moved it on: a loop iterating it restarts
 
 
 class _EpochSetter:
@@ -325,7 +326,10 @@ class StreamLoader:
         self._epoch = self._source.epoch
         self._pass: _Pass | None = None  # the running (or last) pass of this epoch; None: the source's origin next
         self._loader: DataLoader | None = None
+        self._loader_revision = -1  # the stream's plan revision its persistent workers were started with
         self._init_stats(stall_s)
+        if isinstance(self._source, _Stream):  # the stream asks where the loader stands (BlendedStream.set_weights)
+            self._source.stream._stand = weakref.WeakMethod(self._steering_position)
 
     @property
     def slot_bytes(self) -> int:
@@ -407,8 +411,19 @@ class StreamLoader:
                 raise ValueError(f"cannot skip: epoch {current.epoch} has no batches for this rank")
             taken = min(left, room)
             current.consumed += taken
-            current.skipped = True
+            current.restart = True
             left -= taken  # what is left goes on into the next epoch (``_standing_pass`` moves there)
+
+    def _steering_position(self) -> Position:
+        """Where this rank's next batch comes from, for a stream whose plan changes from there on
+        (``BlendedStream.set_weights``); a loop running the pass re-plans after the batch it holds."""
+        self._follow_dataset_epoch()
+        last = self._pass
+        if last is None:
+            return self._source.origin()
+        if last.consumed < self._source.pass_batches(last.origin, self.num_workers):
+            last.restart = True
+        return self._source.continue_after(last.origin, last.consumed, self.num_workers)
 
     def _standing_pass(self) -> _Pass:
         """The pass the next batch comes from, as a ``_Pass`` that ``skip`` may move on: the running
@@ -463,7 +478,7 @@ class StreamLoader:
         inside the loop restarts the pass after the skipped batches."""
         while True:
             current = yield from self._one_pass()
-            if not current.skipped or self._pass is not current:
+            if not current.restart or self._pass is not current:
                 return  # the pass ended, or a skip took it to its end or beyond (the next epoch)
             if current.consumed >= self._source.pass_batches(current.origin, self.num_workers):
                 self.set_epoch(self._epoch + 1)  # skipped to the epoch's end: the loop ends like the epoch
@@ -500,7 +515,7 @@ class StreamLoader:
                     f"StreamLoader was delivering epoch {current.epoch}; call them between passes, not inside the loop")
             current.consumed += 1
             yield batch
-            if current.skipped:
+            if current.restart:
                 break
         else:
             if self._pass is current:  # the epoch is exhausted: the next pass starts the next one
@@ -528,10 +543,13 @@ class StreamLoader:
         # Persistent workers can run another pass unless it starts mid-epoch: a stream's workers take a
         # resumed origin only when they start (a map-style sampler resumes in this process, always fine).
         fresh = not isinstance(self._source, _Stream) or origin.fresh
-        reusable = self._loader is not None and self._loader_args["persistent_workers"] and fresh
+        revision = self._source.stream._revision if isinstance(self._source, _Stream) else 0
+        reusable = (self._loader is not None and self._loader_args["persistent_workers"] and fresh
+                    and revision == self._loader_revision)
         if not reusable:
             self._loader = self._source.data_loader(num_workers=self.num_workers, pin_memory=self.pin_memory,
                                                     **self._loader_args)
+            self._loader_revision = revision
         assert self._loader is not None
         return self._loader
 

@@ -174,6 +174,9 @@ class PackedStream(PlannedStream):
     def _schedule(self, start: Start) -> Schedule:
         if self.blend is None:
             return start.schedule
+        if self.blend.weight_changes:
+            raise NotImplementedError("a PackedStream over a BlendedStream whose weights were changed (set_weights): "
+                                      "packed blends follow the weights the blend was built with; not done yet")
         assert isinstance(start.schedule, StreamSchedule)
         blend = BlendMap(self.blend.weights, self.num_sequences, self.blend.order, self.blend.seed, self.epoch)
         corpora = [CorpusOrder(self._token_layout(k), self._token_config(k)) for k in range(len(self.corpora))]

@@ -58,6 +58,8 @@ class PlannedStream(IterableDataset):
         self._slots: WorkerSlots | None = None  # this worker process's hand-off slots (handoff.py)
         self._repeat_warned = False
         self._worker_times: Callable[[DeliveryStats], None] | None = None  # StreamLoader.stats()'s table (loader_stats.py)
+        self._stand: Callable[[], Any] | None = None  # weak: the StreamLoader iterating it says where it stands
+        self._revision = 0  # bumped when the plan changes (BlendedStream.set_weights): persistent workers restart
 
     # -- what a subclass provides ---------------------------------------------------------------
     @property
@@ -442,7 +444,7 @@ class PlannedStream(IterableDataset):
         return self._slots.wrap
 
     def __getstate__(self) -> dict[str, Any]:
-        state = {**self.__dict__, "_slots": None}  # a worker's slots stay in that worker
+        state = {**self.__dict__, "_slots": None, "_stand": None}  # a worker's slots stay in that worker
         if self._topology is None and distributed_rank_world()[1] is not None:
             # A spawned DataLoader worker has no process group, and its environment may not name the rank
             # (Lightning): it gets this process's. Without a group the copy resolves its own (ddp_spawn's

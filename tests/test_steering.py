@@ -315,3 +315,195 @@ def test_the_readme_tensorboard_snippet_logs_the_stats(skewed_corpus, tmp_path, 
     rows = events.Scalars("data/rows")
     assert [e.step for e in rows][:2] == [0, 100] and rows[1].value == 101
     assert {"data/wait_s", "data/worker0/busy_s", "data/worker1/decode_s"} <= set(events.Tags()["scalars"])
+
+
+# -- set_weights -----------------------------------------------------------------------------------
+
+BASE = {"a": 0.5, "b": 0.5}
+STEERED = {"a": 0.9, "b": 0.1}
+
+
+def blend_of(skewed_corpus, small_corpus, rank, world, **kwargs):
+    corpora = {"a": make(skewed_corpus, rank=rank, world_size=world), "b": make(small_corpus, rank=rank, world_size=world)}
+    options = {**dict(weights=BASE, batch_size=16, num_samples=200, order="shuffled"), **kwargs}
+    return ss.BlendedStream(corpora, **options)
+
+
+def epoch_of(loader):
+    """The rest of the loader's epoch."""
+    return list(loader)
+
+
+def test_new_weights_from_where_the_loader_stands_follow_the_rest_of_the_epoch_exactly_once(skewed_corpus,
+                                                                                             small_corpus):
+    world, workers, k = 2, 2, 2
+    before, after, later = Counter(), Counter(), Counter()
+    for rank in range(world):
+        loader = ss.StreamLoader(blend_of(skewed_corpus, small_corpus, rank, world), num_workers=workers)
+        before.update(row_keys(take(loader, k)))
+        loader.dataset.set_weights(STEERED)
+        after.update(row_keys(epoch_of(loader)))
+        later.update(row_keys(epoch_of(loader)))
+    n = 200
+    remaining = n - sum(before.values())
+    by_corpus = lambda rows: [sum(c for (corpus, _), c in rows.items() if corpus == k) for k in (0, 1)]  # noqa: E731
+    assert by_corpus(after) == ss.blend_counts([0.9, 0.1], remaining).tolist(), "the rest follows the new weights"
+    assert by_corpus(later) == ss.blend_counts([0.9, 0.1], n).tolist(), "and so does the next epoch"
+    everything = before + after + later
+    assert max(everything.values()) == 1, "no row twice (no corpus finished an epoch of itself here)"
+
+
+
+def by_corpus(rows):
+    return [sum(c for (corpus, _), c in rows.items() if corpus == k) for k in (0, 1)]
+
+
+def test_a_state_after_a_change_resumes_it_in_a_blend_built_with_the_original_weights(skewed_corpus, small_corpus):
+    def loader(rank, world, workers):
+        return ss.StreamLoader(blend_of(skewed_corpus, small_corpus, rank, world), num_workers=workers)
+
+    # same topology: byte for byte
+    first = loader(0, 2, 2)
+    take(first, 2)
+    first.dataset.set_weights(STEERED)
+    take(first, 3)
+    state = as_checkpoint(first.state_dict())
+    assert state["weight_changes"] and state["fingerprint"]["weights"] == [0.5, 0.5]
+    rest = epoch_of(first) + epoch_of(first)
+    resumed = loader(0, 2, 2)
+    resumed.load_state_dict(state)
+    assert same_batches(epoch_of(resumed) + epoch_of(resumed), rest)
+    # another topology: 2x2 -> 3x1, the same rows for the rest of the epoch and the next one
+    expected_rest, expected_next = Counter(), Counter()
+    for rank in range(2):
+        run = loader(rank, 2, 2)
+        take(run, 2)
+        run.dataset.set_weights(STEERED)
+        take(run, 3)
+        expected_rest.update(row_keys(epoch_of(run)))
+        expected_next.update(row_keys(epoch_of(run)))
+    got_rest, got_next = Counter(), Counter()
+    for rank in range(3):
+        resized = loader(rank, 3, 1)
+        resized.load_state_dict(state)
+        got_rest.update(row_keys(epoch_of(resized)))
+        got_next.update(row_keys(epoch_of(resized)))
+    assert got_rest == expected_rest and got_next == expected_next
+
+
+def test_changes_on_several_topologies_deliver_each_row_once_by_the_weights_in_force(skewed_corpus, small_corpus):
+    delivered = Counter()
+    phases = [(2, 2, 2, STEERED), (3, 1, 1, {"a": 0.2, "b": 0.8}), (1, 3, None, None)]
+    state, consumed = None, 0
+    for world, workers, take_n, weights in phases:
+        states = []
+        for rank in range(world):
+            loader = ss.StreamLoader(blend_of(skewed_corpus, small_corpus, rank, world), num_workers=workers)
+            if state is not None:
+                loader.load_state_dict(state)
+            batches = take(loader, take_n) if take_n is not None else epoch_of(loader)
+            delivered.update(row_keys(batches))
+            if weights is not None:
+                loader.dataset.set_weights(weights)
+            states.append(as_checkpoint(loader.state_dict()))
+        assert all(s == states[0] for s in states)
+        state = states[0]
+        if weights is not None:
+            consumed = sum(delivered.values())
+            before_last = Counter(delivered)
+    assert state["epoch"] == 1 and [c[0] for c in state["weight_changes"]] == [0, 0]
+    assert [[s[0], s[1]] for s in state["weight_changes"][1][1]] == [[2, 2], [3, 1]], "the second change saw both"
+    assert max(delivered.values()) == 1 and sum(delivered.values()) == 200, "the epoch's 200 positions, once each"
+    assert by_corpus(delivered - before_last) == ss.blend_counts([0.2, 0.8], 200 - consumed).tolist()
+
+
+def test_a_corpus_can_be_added_and_dropped_between_epochs(skewed_corpus, small_corpus):
+    blend = blend_of(skewed_corpus, small_corpus, 0, 1, weights={"a": 1.0, "b": 0.0})
+    loader = ss.StreamLoader(blend, num_workers=2)
+    first = row_keys(epoch_of(loader))
+    blend.set_weights({"a": 0.5, "b": 0.5})  # the loader stands at the start of epoch 1
+    second = row_keys(epoch_of(loader))
+    blend.set_weights({"a": 0.4, "b": 0.6})
+    third = row_keys(epoch_of(loader))
+    blend.set_weights({"a": 1.0, "b": 0.0})
+    fourth = row_keys(epoch_of(loader))
+    assert [by_corpus(e) for e in (first, second, third, fourth)] == [[200, 0], [100, 100], [80, 120], [200, 0]]
+    assert max((first + second + third + fourth).values()) == 1, "b draws 220 of its 229 rows, a 580 of its own"
+    state = as_checkpoint(loader.state_dict())
+    assert state["epoch"] == 4 and [c[0] for c in state["weight_changes"]] == [1, 2, 3]
+
+
+def test_set_weights_inside_the_loop_replans_after_the_batch_in_hand(skewed_corpus, small_corpus):
+    loader = ss.StreamLoader(blend_of(skewed_corpus, small_corpus, 0, 1), num_workers=2)
+    seen = []
+    for batch in loader:
+        seen.append(batch)
+        if len(seen) == 3:
+            loader.dataset.set_weights(STEERED)
+    head, rest = row_keys(seen[:3]), row_keys(seen[3:])
+    assert by_corpus(rest) == ss.blend_counts([0.9, 0.1], 200 - sum(head.values())).tolist()
+    assert max((head + rest).values()) == 1
+
+
+def test_persistent_worker_processes_take_new_weights_between_epochs(skewed_corpus, small_corpus):
+    blend = blend_of(skewed_corpus, small_corpus, 0, 1)
+    loader = ss.StreamLoader(blend, num_workers=2, workers="processes", persistent_workers=True)
+    first = row_keys(epoch_of(loader))
+    blend.set_weights(STEERED)
+    second = row_keys(epoch_of(loader))
+    assert by_corpus(first) == [100, 100] and by_corpus(second) == [180, 20]
+
+
+def test_changing_the_past_is_refused(skewed_corpus, small_corpus):
+    blend = blend_of(skewed_corpus, small_corpus, 0, 1)
+    blend.set_epoch(1)
+    blend.set_weights(STEERED)
+    blend.set_epoch(0)
+    with pytest.raises(ss.StateError, match="weights"):
+        blend.set_weights(BASE)
+    plain = blend_of(skewed_corpus, small_corpus, 0, 1)
+    next(iter(plain))  # a pass of epoch 0 without a StreamLoader: its start is behind us
+    with pytest.raises(ss.StateError, match="weights"):
+        plain.set_weights(STEERED)
+
+
+def test_a_malformed_weight_change_in_a_state_is_refused_by_name(skewed_corpus, small_corpus):
+    loader = ss.StreamLoader(blend_of(skewed_corpus, small_corpus, 0, 1))
+    take(loader, 2)
+    loader.dataset.set_weights(STEERED)
+    state = as_checkpoint(loader.state_dict())
+    for bad in ([[0, [], [0.5]]], [[0, [[1, 0, 2]], ["x", 1]]], "no", [[0, [[1, 0, 999]], [0.5, 0.5]]]):
+        with pytest.raises(ss.StateError, match="weight_changes"):
+            ss.StreamLoader(blend_of(skewed_corpus, small_corpus, 0, 1)).load_state_dict({**state, "weight_changes": bad})
+
+
+def test_each_row_once_per_corpus_epoch_when_weights_fall_and_rise_while_a_corpus_cycles(skewed_corpus, small_corpus):
+    """Corpus b (229 rows) is lowered then raised mid-epoch on 2 ranks x 2 workers, then cycles through
+    its own epochs: over the run, b's draws D must be whole corpus epochs plus the first D % 229 rows
+    of the next (every row q or q + 1 times, and exactly D % 229 rows q + 1 times)."""
+    delivered = Counter()
+    for rank in range(2):
+        loader = ss.StreamLoader(blend_of(skewed_corpus, small_corpus, rank, 2), num_workers=2)
+        delivered.update(row_keys(take(loader, 1)))
+        loader.dataset.set_weights({"a": 0.9, "b": 0.1})
+        delivered.update(row_keys(take(loader, 1)))
+        loader.dataset.set_weights({"a": 0.1, "b": 0.9})
+        for _ in range(3):
+            delivered.update(row_keys(epoch_of(loader)))
+    b = Counter({i: c for (k, i), c in delivered.items() if k == 1})
+    draws = sum(b.values())
+    whole, part = divmod(draws, 229)
+    assert draws > 2 * 229, "b went through more than two of its epochs"
+    assert len(b) == 229 and set(b.values()) <= {whole, whole + 1}
+    assert sum(1 for c in b.values() if c == whole + 1) == part
+
+
+def test_a_packed_blend_refuses_changed_weights_rather_than_ignoring_them(tmp_path):
+    write_documents(tmp_path / "x", [[40, 20]])
+    write_documents(tmp_path / "y", [[30]], seed=1)
+    blend = ss.BlendedStream({"x": make(str(tmp_path / "x")), "y": make(str(tmp_path / "y"))},
+                             weights={"x": 0.5, "y": 0.5}, batch_size=4)
+    packed = ss.PackedStream(blend, seq_len=32, batch_size=2)
+    blend.set_weights({"x": 0.8, "y": 0.2})
+    with pytest.raises(NotImplementedError, match="set_weights"):
+        list(ss.StreamLoader(packed))
