@@ -122,7 +122,8 @@ class BlendedStream(PlannedStream):
         return self.order == "shuffled" or any(ds.config.shuffle for ds in self.datasets)
 
     def counts(self) -> dict[str, int]:
-        """Samples each corpus delivers per blend epoch: ``blend_counts(weights, num_samples)``."""
+        """Samples each corpus delivers per blend epoch under the weights it was built with:
+        ``blend_counts(weights, num_samples)`` (``set_weights`` changes them from where it applies)."""
         return dict(zip(self.names, blend_counts(self.weights, self.num_samples).tolist()))
 
     # -- what decides the order ----------------------------------------------------------------

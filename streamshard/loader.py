@@ -475,11 +475,12 @@ class StreamLoader:
     def __iter__(self) -> Iterator[Any]:
         """The rest of the current pass (after a ``break``), else the next one. Nothing starts until
         the first batch is asked for, so a framework's ``iter()`` probe changes nothing. A ``skip()``
-        inside the loop restarts the pass after the skipped batches."""
+        inside the loop restarts the pass after the skipped batches, a new plan (``set_weights``)
+        after the batch in hand."""
         while True:
             current = yield from self._one_pass()
             if not current.restart or self._pass is not current:
-                return  # the pass ended, or a skip took it to its end or beyond (the next epoch)
+                return  # the pass ended, or a skip took it beyond its end (the next epoch)
             if current.consumed >= self._source.pass_batches(current.origin, self.num_workers):
                 self.set_epoch(self._epoch + 1)  # skipped to the epoch's end: the loop ends like the epoch
                 return

@@ -49,7 +49,7 @@ class WorkerTimes:
     def __init__(self, num_workers: int) -> None:
         self.table = torch.zeros((max(num_workers, 1), len(self.FIELDS)), dtype=torch.float64).share_memory_()
         self._values = self.table.numpy()  # written per batch: numpy indexing, no torch dispatch
-        self._last: dict[int, tuple[DeliveryStats, np.ndarray]] = {}
+        self._base: dict[int, tuple[DeliveryStats, list[float]]] = {}  # a worker's row when its pass began
 
     def __getstate__(self) -> dict[str, Any]:
         return {"table": self.table}  # shared memory travels to worker processes; the rest is per process
@@ -57,16 +57,18 @@ class WorkerTimes:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.table = state["table"]
         self._values = self.table.numpy()
-        self._last = {}
+        self._base = {}
 
     def __call__(self, stats: DeliveryStats) -> None:
-        reads = stats.reads
-        now = np.array((stats.rows, stats.batches, stats.busy_s, stats.wait_s, reads.read_seconds, reads.fetch_seconds,
-                        stats.prepare_s, stats.convert_s, reads.bytes_fetched), dtype=np.float64)
         worker = stats.worker % len(self._values)
-        last = self._last.get(worker)
-        self._values[worker] += now - last[1] if last is not None and last[0] is stats else now
-        self._last[worker] = (stats, now)
+        row = self._values[worker]
+        base = self._base.get(worker)
+        if base is None or base[0] is not stats:  # a new pass: its counts start from 0, on top of the row
+            base = self._base[worker] = (stats, row.tolist())
+        b, reads = base[1], stats.reads
+        row[:] = (b[0] + stats.rows, b[1] + stats.batches, b[2] + stats.busy_s, b[3] + stats.wait_s,
+                  b[4] + reads.read_seconds, b[5] + reads.fetch_seconds, b[6] + stats.prepare_s, b[7] + stats.convert_s,
+                  b[8] + reads.bytes_fetched)
 
     def rows(self) -> list[dict[str, Any]]:
         """One dict per worker (``as_dict``)."""
@@ -134,7 +136,10 @@ class LoopStats:
         if not isinstance(ids, torch.Tensor):
             return
         if ids.device.type == "cpu":
-            self.rows += int(np.count_nonzero(ids.numpy() >= 0))
+            values = ids.numpy()
+            # Padding rows (-1) come after a batch's rows: a batch whose last id is real has none.
+            self.rows += values.size if values.ndim == 1 and values.size and values[-1] >= 0 else \
+                int(np.count_nonzero(values >= 0))
             return
         real = (ids >= 0).sum()  # stays on the device: read when stats() is asked for
         self._device_rows = real if self._device_rows is None else self._device_rows + real
