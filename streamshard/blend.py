@@ -269,8 +269,8 @@ class BlendedStream(PlannedStream):
             where = f"state['weight_changes'][{i}]"
             if not isinstance(item, list) or len(item) != 3:
                 raise StateError(f"{where} must be [epoch, history, weights], got {item!r:.80}")
-            epoch = int_field({"epoch": item[0]}, "epoch", 0)
             try:
+                epoch = int_field({"epoch": item[0]}, "epoch", 0)
                 history = parse_history(item[1])
                 vector = _check_weight_names(dict(zip(self.names, item[2])) if isinstance(item[2], list) and
                                              len(item[2]) == len(self.names) else None, self.names)

@@ -507,3 +507,30 @@ def test_a_packed_blend_refuses_changed_weights_rather_than_ignoring_them(tmp_pa
     blend.set_weights({"x": 0.8, "y": 0.2})
     with pytest.raises(NotImplementedError, match="set_weights"):
         list(ss.StreamLoader(packed))
+
+
+def test_new_weights_after_load_state_dict_apply_from_the_loaded_position(skewed_corpus, small_corpus):
+    from torch.utils.data import DataLoader
+
+    run = ss.StreamLoader(blend_of(skewed_corpus, small_corpus, 0, 1), num_workers=2)
+    take(run, 3)
+    state = as_checkpoint(run.state_dict())
+    run.dataset.set_weights(STEERED)
+    expected = epoch_of(run)
+    loader = ss.StreamLoader(blend_of(skewed_corpus, small_corpus, 0, 1), num_workers=2)
+    loader.load_state_dict(state)
+    loader.dataset.set_weights(STEERED)
+    assert same_batches(epoch_of(loader), expected)
+    plain = blend_of(skewed_corpus, small_corpus, 0, 1)  # no StreamLoader: the pending state is where it applies
+    plain.load_state_dict(state)
+    plain.set_weights(STEERED)
+    assert row_keys(DataLoader(plain, batch_size=None, num_workers=2)) == row_keys(expected)
+
+
+def test_skip_on_a_blend_is_iterating_it(skewed_corpus, small_corpus):
+    iterated = ss.StreamLoader(blend_of(skewed_corpus, small_corpus, 0, 1), num_workers=2)
+    take(iterated, 4)
+    skipping = ss.StreamLoader(blend_of(skewed_corpus, small_corpus, 0, 1), num_workers=2)
+    skipping.skip(4)
+    assert skipping.state_dict() == iterated.state_dict()
+    assert same_batches(epoch_of(skipping), epoch_of(iterated))
