@@ -16,17 +16,15 @@ import pyarrow as pa
 from .batch_plan import Read, StreamSchedule
 from .blend_plan import STOPS, BlendBatches, BlendMap, CorpusOrder, blend_length, position_config, position_layout
 from .blend_schedule import MAX_SAMPLES, ORDERS, blend_counts
-from .blend_steer import Steering, WeightChange, remaining_ranges
 from .batches import CORPUS
 from .dataset import ParquetStream
 from .delivery import deliver
 from .fetch import ReadStats
 from .loader_stats import sum_reads
 from .reader import RowGroupReader
-from .errors import StateError
-from .resume import Planner, Position, Start
-from .state import history_json, int_field, parse_history
+from .resume import Planner, Start
 from .schema import read_as, same_logical_type
+from .steering import SteerSpec, WeightSteering, check_weight_names
 from .stream_base import PlannedStream
 from .tensors import Batch
 from .topology import mesh_rank_world, resolve_rank_world
@@ -34,10 +32,9 @@ from .validate import check_int
 
 __all__ = ["BlendedStream", "blend_length", "CORPUS"]
 
-MAX_CHANGES = 64  # weight changes a state may record (each ~100 bytes of JSON)
 
 
-class BlendedStream(PlannedStream):
+class BlendedStream(WeightSteering, PlannedStream):
     """Mix ``ParquetStream`` corpora row by row: every batch holds ``batch_size`` rows drawn by weight.
 
     Each batch is the corpora's common keys plus ``sample_id`` (the row's id in its own corpus)
@@ -76,7 +73,7 @@ class BlendedStream(PlannedStream):
         if mesh is not None:
             rank, world_size = mesh_rank_world(mesh, rank, world_size)
         self.names, self.datasets = _check_datasets(datasets)
-        self.weights = _check_weight_names(weights, self.names)
+        self.weights = check_weight_names(weights, self.names)
         self.batch_size = check_int(batch_size, "batch_size", 1)
         self.seed = check_int(seed, "seed", 0, 2**64 - 1)
         self._num_samples = check_int(num_samples, "num_samples", 0, MAX_SAMPLES, none_ok=True)
@@ -94,8 +91,7 @@ class BlendedStream(PlannedStream):
         self._use_topology(*_topology_args(self.datasets, rank, world_size))
         self._checked = False
         self._planner: Planner | None = None
-        self._changes: list[WeightChange] = []  # set_weights, in order (blend_steer.py)
-        self._steering: Steering | None = None
+        self._init_steering()
 
     # -- epoch, size ----------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -147,6 +143,9 @@ class BlendedStream(PlannedStream):
         return {"corpora": corpora, "weights": self.weights.tolist(), "batch_size": self.batch_size,
                 "seed": self.seed, "num_samples": self.num_samples, "stop": self.stop, "order": self.order}
 
+    def _steer_spec(self) -> SteerSpec:
+        return SteerSpec(self.names, self.weights, self.num_samples, self.order, self.seed, self.sizes)
+
     def blend_batches(self, start: Start) -> BlendBatches:
         """The pure blend schedule of a worker (``schedule()`` gives the positions it reads)."""
         assert isinstance(start.schedule, StreamSchedule)
@@ -164,132 +163,6 @@ class BlendedStream(PlannedStream):
         """The exact batches DataLoader worker ``worker_id`` of this rank delivers in this pass, without
         reading anything: ``sample_ids()`` and each spec's ``corpus`` simulate it."""
         return self.blend_batches(self._start(self.origin(), worker_id, num_workers))
-
-    # -- steering: new weights from where the next pass starts ------------------------------------
-    def set_weights(self, weights: Mapping[str, float]) -> None:
-        """Blend by ``weights`` (name -> weight, every corpus named; 0 drops a corpus, a corpus at 0
-        may rise) from where the next pass starts: after ``load_state_dict``, between epochs, or
-        where the ``StreamLoader`` iterating this blend stands (inside its loop: after the batch just
-        handed out; the workers re-plan). The rest of that epoch and the epochs after follow them.
-
-        The epoch keeps its length (``num_samples``); every corpus still delivers each of its rows
-        once per corpus epoch (samples a lowered corpus no longer draws stay for later; see
-        ``blend_steer.py``). The change is recorded in the state, so a blend built with the original
-        weights resumes the steered run exactly, on any topology. Changing weights of positions
-        already delivered is refused (``StateError``, field ``weights``).
-        """
-        vector = _check_weight_names(weights, self.names)
-        position = self._steering_position()
-        change = WeightChange(position.epoch, tuple(position.history), tuple(vector.tolist()))
-        changes = list(self._changes)
-        if changes and self._same_position(changes[-1], change):
-            changes[-1] = change  # twice at one position: the last call wins
-        else:
-            if changes and not self._not_before(changes[-1], change):
-                last = changes[-1]
-                raise StateError(
-                    f"weights: set_weights at epoch {change.epoch} (history {history_json(list(change.history))}) would "
-                    f"change positions already delivered under the weights set at epoch {last.epoch} (history "
-                    f"{history_json(list(last.history))}); weights change only from where the run stands")
-            changes.append(change)
-        self._use_changes(changes)
-        self._revision += 1  # persistent DataLoader workers hold the old plan
-
-    @property
-    def weight_changes(self) -> list[dict[str, Any]]:
-        """The weight changes recorded so far (as in the state): epoch, history, weights."""
-        return _changes_json(self._changes)
-
-    def _steering_position(self) -> Position:
-        """Where the next pass starts: the StreamLoader's standing position, else ``origin()``."""
-        stand = self._stand() if self._stand is not None else None
-        if stand is not None:
-            return stand()
-        position = self.origin()
-        if position.worker is not None:
-            raise StateError("weights: set_weights after loading a per-worker state (StatefulDataLoader) is not "
-                             "supported; iterate with ss.StreamLoader")
-        if position.fresh and self._cell.last_pass == self.epoch:
-            raise StateError(
-                f"weights: a pass over epoch {self.epoch} has started, so its start is in the past; call set_weights "
-                "after set_epoch(next epoch) or load_state_dict, or on a blend iterated by ss.StreamLoader (it knows "
-                "where it stands)")
-        return position
-
-    def _steered(self) -> Steering:
-        if self._steering is None:
-            self._steering = Steering(self.weights, self._changes, self.num_samples, self.order, self.seed,
-                                      self.planner.layout, self.planner.config, self.sizes)
-        return self._steering
-
-    def _use_changes(self, changes: list[WeightChange]) -> None:
-        steering = Steering(self.weights, changes, self.num_samples, self.order, self.seed, self.planner.layout,
-                            self.planner.config, self.sizes)
-        for change in changes:
-            steering.epoch_map(change.epoch)  # weights that give an empty corpus samples fail here
-        self._changes, self._steering = changes, steering
-
-    def _remaining(self, change: WeightChange) -> np.ndarray:
-        return remaining_ranges(self.num_samples, self.planner.config, change.epoch, change.history, self.planner.layout)
-
-    def _same_position(self, a: WeightChange, b: WeightChange) -> bool:
-        return a.epoch == b.epoch and np.array_equal(self._remaining(a), self._remaining(b))
-
-    def _not_before(self, a: WeightChange, b: WeightChange) -> bool:
-        """Whether position ``b`` is at or after ``a``: a later epoch, or everything ``a`` consumed consumed."""
-        if a.epoch != b.epoch:
-            return b.epoch > a.epoch
-        outer, inner = self._remaining(a), self._remaining(b)
-        for lo, hi in inner.tolist():
-            r = int(np.searchsorted(outer[:, 0], lo, side="right")) - 1
-            if r < 0 or hi > outer[r, 1]:
-                return False
-        return True
-
-    # -- state: the changes travel with it --------------------------------------------------------
-    def _state_of(self, position: Position) -> dict[str, Any]:
-        return {**super()._state_of(position), "weight_changes": _changes_json(self._changes)}
-
-    def _parse_state(self, state: Mapping[str, Any]) -> Position:
-        position = super()._parse_state(state)
-        self._loaded_changes = self._parse_changes(state.get("weight_changes", []))
-        return position
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """As ``PlannedStream.load_state_dict``; the weight changes the state records replace this blend's."""
-        super().load_state_dict(state)
-        self._use_changes(self._loaded_changes)
-        self._revision += 1
-
-    def _parse_changes(self, raw: Any) -> list[WeightChange]:
-        if not isinstance(raw, list) or len(raw) > MAX_CHANGES:
-            raise StateError(f"state['weight_changes'] must be a list of at most {MAX_CHANGES} changes, got {raw!r:.80}")
-        changes: list[WeightChange] = []
-        for i, item in enumerate(raw):
-            where = f"state['weight_changes'][{i}]"
-            if not isinstance(item, list) or len(item) != 3:
-                raise StateError(f"{where} must be [epoch, history, weights], got {item!r:.80}")
-            try:
-                epoch = int_field({"epoch": item[0]}, "epoch", 0)
-                history = parse_history(item[1])
-                vector = _check_weight_names(dict(zip(self.names, item[2])) if isinstance(item[2], list) and
-                                             len(item[2]) == len(self.names) else None, self.names)
-                self.planner.check(Position(epoch, history))
-            except (StateError, ValueError) as exc:
-                raise StateError(f"{where}: {exc}") from None
-            change = WeightChange(epoch, tuple(history), tuple(vector.tolist()))
-            if changes and (self._same_position(changes[-1], change) or not self._not_before(changes[-1], change)):
-                raise StateError(f"{where} is not after the change before it")
-            changes.append(change)
-        try:
-            Steering(self.weights, changes, self.num_samples, self.order, self.seed, self.planner.layout,
-                     self.planner.config, self.sizes).epoch_map(changes[-1].epoch if changes else 0)
-        except ValueError as exc:
-            raise StateError(f"state['weight_changes']: {exc}") from None
-        return changes
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**super().__getstate__(), "_steering": None}
 
     # -- iteration ----------------------------------------------------------------------------
     def _deliver(self, start: Start) -> Iterator[Any]:
@@ -360,11 +233,6 @@ def _topology_args(datasets: list[ParquetStream], rank: int | None,
     return part_rank, part_world
 
 
-def _changes_json(changes: list[WeightChange]) -> list[list[Any]]:
-    """Changes as ``[epoch, history, weights]`` lists (one entry each for DCP, like ``history``)."""
-    return [[c.epoch, history_json(list(c.history)), list(c.weights)] for c in changes]
-
-
 def _check_datasets(datasets: Any) -> tuple[tuple[str, ...], list[ParquetStream]]:
     if not isinstance(datasets, Mapping) or not datasets:
         raise ValueError(f"datasets must be a non-empty mapping of name -> ParquetStream, got {datasets!r}")
@@ -372,17 +240,3 @@ def _check_datasets(datasets: Any) -> tuple[tuple[str, ...], list[ParquetStream]
         if not isinstance(name, str) or not isinstance(ds, ParquetStream):
             raise ValueError(f"datasets[{name!r}] must be a ParquetStream under a str name, got {type(ds).__name__}")
     return tuple(datasets), list(datasets.values())
-
-
-def _check_weight_names(weights: Any, names: tuple[str, ...]) -> np.ndarray:
-    if not isinstance(weights, Mapping):
-        raise ValueError(f"weights must be a mapping of corpus name -> weight, got {type(weights).__name__}")
-    missing, extra = [n for n in names if n not in weights], [n for n in weights if n not in names]
-    if missing or extra:
-        raise ValueError(f"weights must name the same corpora as datasets: missing {missing}, unknown {extra}")
-    vector = [weights[n] for n in names]
-    try:
-        blend_counts(vector, 0)
-    except ValueError as exc:
-        raise ValueError(f"weights (in corpus order {list(names)}): {exc}") from None
-    return np.asarray(vector, dtype=np.float64)
