@@ -28,13 +28,14 @@ from .packing_plan import PackedBlendBatches, TokenGroup, pack, segment_bounds, 
 from .plan import EpochPlan, Layout, PlanConfig
 from .reader import RowGroupReader
 from .resume import Planner, Start
+from .steering import SteerSpec, WeightSteering
 from .stream_base import PlannedStream
 from .tensors import Batch
 from .validate import check_int
 
 
 
-class PackedStream(PlannedStream):
+class PackedStream(WeightSteering, PlannedStream):
     """Pack the documents of ``source`` (a tokenized ``ParquetStream`` or ``BlendedStream``) into
     fixed-length sequences.
 
@@ -96,6 +97,7 @@ class PackedStream(PlannedStream):
         self._tokens: list[np.ndarray] | None = None  # per corpus, per row group of its catalog, from the footers
         self._dtypes: dict[str, np.dtype] | None = None
         self._sequences: int | None = None
+        self._init_steering()
 
     @property
     def topology(self) -> tuple[int, int]:
@@ -175,12 +177,26 @@ class PackedStream(PlannedStream):
         if self.blend is None:
             return start.schedule
         if self.blend.weight_changes:
-            raise NotImplementedError("a PackedStream over a BlendedStream whose weights were changed (set_weights): "
-                                      "packed blends follow the weights the blend was built with; not done yet")
+            raise ValueError("the BlendedStream inside this PackedStream had its weights changed; a pack blends sequences, "
+                             "so call set_weights on the PackedStream")
         assert isinstance(start.schedule, StreamSchedule)
-        blend = BlendMap(self.blend.weights, self.num_sequences, self.blend.order, self.blend.seed, self.epoch)
+        epoch = start.schedule.plan.epoch
+        blend: Any = BlendMap(self.blend.weights, self.num_sequences, self.blend.order, self.blend.seed, epoch)
+        if self._changes:
+            blend = self._steered().epoch_map(epoch)
         corpora = [CorpusOrder(self._token_layout(k), self._token_config(k)) for k in range(len(self.corpora))]
         return PackedBlendBatches(start.schedule, blend, corpora, self.seq_len)
+
+    # -- steering a packed blend: its weights apply to sequences ----------------------------------
+    @property
+    def _steerable(self) -> bool:
+        return self.blend is not None
+
+    def _steer_spec(self) -> SteerSpec:
+        assert self.blend is not None
+        sequences = np.array([-(-int(t.sum()) // self.seq_len) for t in self._token_counts()], dtype=np.int64)
+        return SteerSpec(self.blend.names, self.blend.weights, self.num_sequences, self.blend.order, self.blend.seed,
+                         sequences)
 
     def step_sample_ids(self, step: int, num_workers: int = 0, epoch: int | None = None) -> list[dict[str, Any]]:
         """Not available for a pack: which document a token belongs to depends on the documents'

@@ -75,6 +75,8 @@ class WeightSteering:
         weights resumes the steered run exactly, on any topology. Changing weights of positions
         already delivered is refused (``StateError``, field ``weights``).
         """
+        if not self._steerable:
+            raise TypeError(f"set_weights is for blends; this {type(self).__name__} has one corpus")
         vector = check_weight_names(weights, self._steer_spec().names)
         position = self._steering_position()
         change = WeightChange(position.epoch, tuple(position.history), tuple(vector.tolist()))
@@ -124,6 +126,9 @@ class WeightSteering:
                         self.planner.config, spec.sizes)
 
     def _use_changes(self, changes: list[WeightChange]) -> None:
+        if not changes:  # the plain blend (or a pack of one stream)
+            self._changes, self._steering = [], None
+            return
         steering = self._make_steering(changes)
         for change in changes:
             steering.epoch_map(change.epoch)  # weights that give an empty corpus samples fail here

@@ -498,15 +498,54 @@ def test_each_row_once_per_corpus_epoch_when_weights_fall_and_rise_while_a_corpu
     assert sum(1 for c in b.values() if c == whole + 1) == part
 
 
-def test_a_packed_blend_refuses_changed_weights_rather_than_ignoring_them(tmp_path):
-    write_documents(tmp_path / "x", [[40, 20]])
-    write_documents(tmp_path / "y", [[30]], seed=1)
-    blend = ss.BlendedStream({"x": make(str(tmp_path / "x")), "y": make(str(tmp_path / "y"))},
-                             weights={"x": 0.5, "y": 0.5}, batch_size=4)
-    packed = ss.PackedStream(blend, seq_len=32, batch_size=2)
-    blend.set_weights({"x": 0.8, "y": 0.2})
-    with pytest.raises(NotImplementedError, match="set_weights"):
-        list(ss.StreamLoader(packed))
+def packed_blend(tmp_path, rank, world):
+    if not (tmp_path / "x").exists():
+        write_documents(tmp_path / "x", [[60, 40], [30]])
+        write_documents(tmp_path / "y", [[50, 20]], seed=1)
+    corpora = {"x": make(str(tmp_path / "x"), rank=rank, world_size=world),
+               "y": make(str(tmp_path / "y"), rank=rank, world_size=world)}
+    blend = ss.BlendedStream(corpora, weights={"x": 0.5, "y": 0.5}, batch_size=4, num_samples=120)
+    return ss.PackedStream(blend, seq_len=16, batch_size=2)
+
+
+def sequences(batches):
+    """(corpus, first token) of every sequence (a pack's row holds one corpus's tokens; token values are
+    their index in the corpus's token stream, so this names the sequence)."""
+    out = Counter()
+    for b in batches:
+        for row in range(b["input_ids"].shape[0]):
+            if b["sample_id"][row, 0] >= 0:
+                out[(int(b["corpus"][row, 0]), int(b["input_ids"][row, 0]))] += 1
+    return out
+
+
+def test_a_packed_blend_takes_new_weights_for_its_sequences_and_resumes_them(tmp_path):
+    first = ss.StreamLoader(packed_blend(tmp_path, 0, 2), num_workers=2)
+    take(first, 2)
+    first.dataset.set_weights({"x": 0.9, "y": 0.1})
+    take(first, 1)
+    state = as_checkpoint(first.state_dict())
+    assert state["weight_changes"]
+    expected, before, after = Counter(), Counter(), Counter()
+    for rank in range(2):
+        run = ss.StreamLoader(packed_blend(tmp_path, rank, 2), num_workers=2)
+        before.update(sequences(take(run, 2)))
+        run.dataset.set_weights({"x": 0.9, "y": 0.1})
+        after.update(sequences(take(run, 1)))
+        expected.update(sequences(epoch_of(run)))
+    after.update(expected)
+    assert by_corpus(after) == ss.blend_counts([0.9, 0.1], 120 - sum(before.values())).tolist()
+    assert max((before + after).values()) == 1
+    got = Counter()
+    for rank in range(3):
+        resized = ss.StreamLoader(packed_blend(tmp_path, rank, 3), num_workers=1)
+        resized.load_state_dict(state)
+        got.update(sequences(epoch_of(resized)))
+    assert got == expected and sum(got.values()) > 0
+    blend = packed_blend(tmp_path, 0, 1).source
+    blend.set_weights({"x": 0.2, "y": 0.8})
+    with pytest.raises(ValueError, match="set_weights on the PackedStream"):
+        list(ss.StreamLoader(ss.PackedStream(blend, seq_len=16, batch_size=2)))
 
 
 def test_new_weights_after_load_state_dict_apply_from_the_loaded_position(skewed_corpus, small_corpus):
