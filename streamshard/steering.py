@@ -95,8 +95,8 @@ class WeightSteering:
         self._revision += 1  # persistent DataLoader workers hold the old plan
 
     @property
-    def weight_changes(self) -> list[dict[str, Any]]:
-        """The weight changes recorded so far (as in the state): epoch, history, weights."""
+    def weight_changes(self) -> list[list[Any]]:
+        """The weight changes recorded so far, as in the state: ``[epoch, history, weights]`` each."""
         return changes_json(self._changes)
 
     def _steering_position(self) -> Position:
@@ -151,7 +151,6 @@ class WeightSteering:
             if r < 0 or hi > outer[r, 1]:
                 return False
         return True
-
 
     # -- state: the changes travel with it --------------------------------------------------------
     def _state_of(self, position: Position) -> dict[str, Any]:
