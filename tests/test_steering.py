@@ -433,8 +433,9 @@ def test_a_corpus_can_be_added_and_dropped_between_epochs(skewed_corpus, small_c
     assert state["epoch"] == 4 and [c[0] for c in state["weight_changes"]] == [1, 2, 3]
 
 
-def test_set_weights_inside_the_loop_replans_after_the_batch_in_hand(skewed_corpus, small_corpus):
-    loader = ss.StreamLoader(blend_of(skewed_corpus, small_corpus, 0, 1), num_workers=2)
+@pytest.mark.parametrize("kind", ["threads", "processes"])
+def test_set_weights_inside_the_loop_replans_after_the_batch_in_hand(skewed_corpus, small_corpus, kind):
+    loader = ss.StreamLoader(blend_of(skewed_corpus, small_corpus, 0, 1), num_workers=2, workers=kind)
     seen = []
     for batch in loader:
         seen.append(batch)
