@@ -6,7 +6,10 @@ measures small batches (64 rows of a few short columns) where it weighs most. Ea
 a fresh process per checkout and configuration (alternating the checkouts): ``StreamLoader`` with
 2 thread workers, with 2 worker processes (persistent) and with no workers; one warm-up epoch,
 then rows/s over three epochs. Prints a table of medians and the new/old ratio, and writes
-``benchmarks/out/stats_overhead.json``. The corpus (``write_corpus``, ~1 M rows) is written once
+``benchmarks/out/stats_overhead.json``. First, in this process, the per-batch cost itself: the loop's
+timing and row count (``LoopStats.timed`` over ready 64-row batches, less the bare loop) and a
+worker's report (``WorkerTimes``), each the median of 5 runs of 200,000 batches; ``--micro-only``
+stops there (a loaded machine drowns the end-to-end A/B in noise; these bound its cost). The corpus (``write_corpus``, ~1 M rows) is written once
 under ``benchmarks/out/stats_corpus/``.
 
     git worktree add /tmp/old <commit> && .venv/bin/python benchmarks/stats_overhead.py --src /tmp/old
@@ -48,11 +51,59 @@ CONFIGS = (("threads", 2, "2 thread workers, 64-row batches"), ("processes", 2, 
            ("none", 0, "no workers, 64-row batches"))
 
 
+def per_batch_costs(batches: int = 200_000, runs: int = 5) -> dict[str, float]:
+    """Microseconds per batch of what stats() adds: the loop's side and a worker's side."""
+    import time
+
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from streamshard.delivery import DeliveryStats
+    from streamshard.fetch import ReadStats
+    from streamshard.loader_stats import LoopStats, WorkerTimes
+
+    batch = {"sample_id": torch.arange(64), "id": torch.arange(64)}
+
+    def ready():
+        for _ in range(batches):
+            yield batch
+
+    loop, hook = [], []
+    for _ in range(runs):
+        began = time.perf_counter()
+        for _ in ready():
+            pass
+        bare = time.perf_counter() - began
+        stats = LoopStats(1.0)
+        began = time.perf_counter()
+        for _ in stats.timed(ready(), lambda: (0, 0)):
+            pass
+        loop.append((time.perf_counter() - began - bare) / batches * 1e6)
+        table, delivery = WorkerTimes(2), DeliveryStats(ReadStats(), 1)
+        began = time.perf_counter()
+        for _ in range(batches):
+            delivery.batches += 1
+            table(delivery)
+        hook.append((time.perf_counter() - began) / batches * 1e6)
+    return {"loop_us_per_batch": statistics.median(loop), "worker_us_per_batch": statistics.median(hook)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--src", required=True, help="the other checkout (the 'old' side)")
+    parser.add_argument("--src", help="the other checkout (the 'old' side); needed unless --micro-only")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--micro-only", action="store_true", help="only the per-batch costs")
     args = parser.parse_args()
+    costs = per_batch_costs()
+    print(f"per batch: the loop's timing and row count {costs['loop_us_per_batch']:.2f} us, "
+          f"a worker's report {costs['worker_us_per_batch']:.2f} us (median of 5 x 200,000 batches)")
+    os.makedirs(ROOT / "benchmarks" / "out", exist_ok=True)
+    if args.micro_only:
+        with open(ROOT / "benchmarks" / "out" / "stats_overhead_micro.json", "w") as f:
+            json.dump({"load": os.getloadavg()[0], "costs": costs}, f, indent=2)
+        return
+    if not args.src:
+        parser.error("--src is needed for the A/B (or pass --micro-only)")
     if not CORPUS.is_dir():
         sys.path.insert(0, str(ROOT))
         from streamshard.testing import write_corpus
@@ -75,9 +126,8 @@ def main() -> None:
         old, new = (statistics.median(results[f"{kind} {s}"]) for s in ("old", "new"))
         table[label] = {"old": old, "new": new, "ratio": new / old, "runs": {s: results[f"{kind} {s}"] for s in sides}}
         print(f"{label:40} {old:10,.0f} {new:10,.0f} {new / old:8.2f}")
-    os.makedirs(ROOT / "benchmarks" / "out", exist_ok=True)
     with open(ROOT / "benchmarks" / "out" / "stats_overhead.json", "w") as f:
-        json.dump({"src": sides["old"], "load": load, "results": table}, f, indent=2)
+        json.dump({"src": sides["old"], "load": load, "costs": costs, "results": table}, f, indent=2)
 
 
 if __name__ == "__main__":
