@@ -33,7 +33,6 @@ from .validate import check_int
 __all__ = ["BlendedStream", "blend_length", "CORPUS"]
 
 
-
 class BlendedStream(WeightSteering, PlannedStream):
     """Mix ``ParquetStream`` corpora row by row: every batch holds ``batch_size`` rows drawn by weight.
 
