@@ -19,9 +19,12 @@ from .blend_schedule import MAX_SAMPLES, ORDERS, blend_counts
 from .batches import CORPUS
 from .dataset import ParquetStream
 from .delivery import deliver
+from .fetch import ReadStats
+from .loader_stats import sum_reads
 from .reader import RowGroupReader
 from .resume import Planner, Start
 from .schema import read_as, same_logical_type
+from .steering import SteerSpec, WeightSteering, check_weight_names
 from .stream_base import PlannedStream
 from .tensors import Batch
 from .topology import mesh_rank_world, resolve_rank_world
@@ -30,7 +33,7 @@ from .validate import check_int
 __all__ = ["BlendedStream", "blend_length", "CORPUS"]
 
 
-class BlendedStream(PlannedStream):
+class BlendedStream(WeightSteering, PlannedStream):
     """Mix ``ParquetStream`` corpora row by row: every batch holds ``batch_size`` rows drawn by weight.
 
     Each batch is the corpora's common keys plus ``sample_id`` (the row's id in its own corpus)
@@ -69,7 +72,7 @@ class BlendedStream(PlannedStream):
         if mesh is not None:
             rank, world_size = mesh_rank_world(mesh, rank, world_size)
         self.names, self.datasets = _check_datasets(datasets)
-        self.weights = _check_weight_names(weights, self.names)
+        self.weights = check_weight_names(weights, self.names)
         self.batch_size = check_int(batch_size, "batch_size", 1)
         self.seed = check_int(seed, "seed", 0, 2**64 - 1)
         self._num_samples = check_int(num_samples, "num_samples", 0, MAX_SAMPLES, none_ok=True)
@@ -87,6 +90,7 @@ class BlendedStream(PlannedStream):
         self._use_topology(*_topology_args(self.datasets, rank, world_size))
         self._checked = False
         self._planner: Planner | None = None
+        self._init_steering()
 
     # -- epoch, size ----------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -113,7 +117,8 @@ class BlendedStream(PlannedStream):
         return self.order == "shuffled" or any(ds.config.shuffle for ds in self.datasets)
 
     def counts(self) -> dict[str, int]:
-        """Samples each corpus delivers per blend epoch: ``blend_counts(weights, num_samples)``."""
+        """Samples each corpus delivers per blend epoch under the weights it was built with:
+        ``blend_counts(weights, num_samples)`` (``set_weights`` changes them from where it applies)."""
         return dict(zip(self.names, blend_counts(self.weights, self.num_samples).tolist()))
 
     # -- what decides the order ----------------------------------------------------------------
@@ -137,12 +142,21 @@ class BlendedStream(PlannedStream):
         return {"corpora": corpora, "weights": self.weights.tolist(), "batch_size": self.batch_size,
                 "seed": self.seed, "num_samples": self.num_samples, "stop": self.stop, "order": self.order}
 
+    def _steer_spec(self) -> SteerSpec:
+        return SteerSpec(self.names, self.weights, self.num_samples, self.order, self.seed, self.sizes)
+
     def blend_batches(self, start: Start) -> BlendBatches:
         """The pure blend schedule of a worker (``schedule()`` gives the positions it reads)."""
         assert isinstance(start.schedule, StreamSchedule)
-        blend = BlendMap(self.weights, self.num_samples, self.order, self.seed, self.epoch)
+        epoch = start.schedule.plan.epoch
+        blend: Any = BlendMap(self.weights, self.num_samples, self.order, self.seed, epoch)
+        if self._changes:
+            blend = self._steered().epoch_map(epoch)
         corpora = [CorpusOrder(ds.layout, ds.config) for ds in self.datasets]
         return BlendBatches(start.schedule, blend, corpora)
+
+    def _schedule_of(self, start: Start) -> BlendBatches:
+        return self.blend_batches(start)
 
     def schedule(self, worker_id: int = 0, num_workers: int = 0) -> BlendBatches:
         """The exact batches DataLoader worker ``worker_id`` of this rank delivers in this pass, without
@@ -165,9 +179,14 @@ class BlendedStream(PlannedStream):
         def place(what: Read) -> str:
             return f"corpus {self.names[what.source]!r} {self.datasets[what.source].catalog.place(what.rg)}"
 
+        stats = self._delivery_stats(ReadStats(), start.worker_id)
         try:
             read_ahead = max(ds.read_ahead for ds in self.datasets)
-            for batch in deliver(self.blend_batches(start), start.start, read, converter, read_ahead, describe=place):
+            for batch in deliver(self.blend_batches(start), start.start, read, converter, read_ahead, stats,
+                                 describe=place):
+                if stats is not None:
+                    sum_reads(readers.values(), into=stats.reads)
+                    self._report_stats(stats)
                 yield batch if self.transform is None else self.transform(batch)
         finally:
             for reader in readers.values():
@@ -220,17 +239,3 @@ def _check_datasets(datasets: Any) -> tuple[tuple[str, ...], list[ParquetStream]
         if not isinstance(name, str) or not isinstance(ds, ParquetStream):
             raise ValueError(f"datasets[{name!r}] must be a ParquetStream under a str name, got {type(ds).__name__}")
     return tuple(datasets), list(datasets.values())
-
-
-def _check_weight_names(weights: Any, names: tuple[str, ...]) -> np.ndarray:
-    if not isinstance(weights, Mapping):
-        raise ValueError(f"weights must be a mapping of corpus name -> weight, got {type(weights).__name__}")
-    missing, extra = [n for n in names if n not in weights], [n for n in weights if n not in names]
-    if missing or extra:
-        raise ValueError(f"weights must name the same corpora as datasets: missing {missing}, unknown {extra}")
-    vector = [weights[n] for n in names]
-    try:
-        blend_counts(vector, 0)
-    except ValueError as exc:
-        raise ValueError(f"weights (in corpus order {list(names)}): {exc}") from None
-    return np.asarray(vector, dtype=np.float64)

@@ -108,6 +108,12 @@ class BlendMap:
         self.chunk = chunk_size(num_samples)
         self._memo: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
 
+    def samples(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(corpus, corpus sample)`` of each position: index ``j`` of this epoch is sample
+        ``epoch * c_k + j`` of the corpus's endless sequence (``blend_steer.py`` when weights changed)."""
+        corpus, index = self.locate(positions)
+        return corpus, self.epoch * self.counts[corpus] + index
+
     def locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if self.order == "fair" or len(positions) == 0:
             return self.schedule.lookup(positions)
@@ -157,7 +163,8 @@ class CorpusOrder:
 class BlendBatches(Schedule):
     """A worker's blend batches: its schedule of positions, each position read from its corpus."""
 
-    def __init__(self, positions: StreamSchedule, blend: BlendMap, corpora: list[CorpusOrder]) -> None:
+    def __init__(self, positions: StreamSchedule, blend: Any, corpora: list[CorpusOrder]) -> None:
+        """``blend``: a ``BlendMap``, or a ``blend_steer.SteeredMap`` (its ``samples``, ``counts``, ``epoch``)."""
         self.positions, self.blend, self.corpora = positions, blend, corpora
         self.steps, self.real_batches = positions.steps, positions.real_batches
         self._keys: dict[tuple[int, int, int], int] = {}
@@ -166,8 +173,7 @@ class BlendBatches(Schedule):
         spec = self.positions.batch(index)
         if not spec.rows:
             return spec
-        corpus, blend_index = self.blend.locate(spec.sample_id)
-        samples = self.blend.epoch * self.blend.counts[corpus] + blend_index
+        corpus, samples = self.blend.samples(spec.sample_id)
         reads, key, row, sample_id = self.place(corpus, samples)
         return BatchSpec(index, reads, key, row, sample_id, spec.padding, corpus=corpus)
 

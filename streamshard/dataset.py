@@ -323,14 +323,13 @@ class ParquetStream(PlannedStream):
 
     def _deliver(self, start: Start) -> Iterator[Any]:
         reader = RowGroupReader.from_catalog(self.catalog, self.storage_options)
-        stats = DeliveryStats(reader.stats, start.worker_id) if self.stats_hook is not None else None
+        stats = self._delivery_stats(reader.stats, start.worker_id)
         try:
             read = lambda what: self._read(reader, what)  # noqa: E731
             place = lambda what: self.catalog.place(what.rg)  # noqa: E731 - for conversion errors
             for batch in deliver(start.schedule, start.start, read, self.converter, self.read_ahead, stats,
                                  describe=place):
-                if stats is not None and self.stats_hook is not None:
-                    self.stats_hook(stats)
+                self._report_stats(stats)
                 yield batch if self.transform is None else self.transform(batch)
         finally:
             reader.close()

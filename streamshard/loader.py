@@ -18,6 +18,7 @@ break-and-continue are the same code for both.
 
 from __future__ import annotations
 
+import weakref
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Protocol
@@ -27,6 +28,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from .errors import StateError
 from .handoff import mapped_bytes
+from .loader_stats import LoopStats, WorkerTimes
 from .prefetch import DevicePrefetcher
 from .resume import Position
 from .sampler import ElasticSampler
@@ -193,6 +195,7 @@ class _Pass:
     epoch: int
     origin: Any
     consumed: int = 0
+    restart: bool = False  # ``skip()`` or a new plan (set_weights) moved it on: a loop iterating it restarts
 
 
 class _EpochSetter:
@@ -300,6 +303,7 @@ class StreamLoader:
         device: str | torch.device | None = None,
         prefetch_depth: int = 2,
         workers: str = "auto",
+        stall_s: float = 1.0,
     ) -> None:
         self.dataset = dataset
         self._source = _source(dataset, sampler, batch_size, collate_fn, drop_last)
@@ -324,6 +328,10 @@ class StreamLoader:
         self._epoch = self._source.epoch
         self._pass: _Pass | None = None  # the running (or last) pass of this epoch; None: the source's origin next
         self._loader: DataLoader | None = None
+        self._loader_revision = -1  # the stream's plan revision its persistent workers were started with
+        self._init_stats(stall_s)
+        if isinstance(self._source, _Stream):  # the stream asks where the loader stands (BlendedStream.set_weights)
+            self._source.stream._stand = weakref.WeakMethod(self._steering_position)
 
     @property
     def slot_bytes(self) -> int:
@@ -384,13 +392,108 @@ class StreamLoader:
         self._epoch, self._pass = self._source.epoch, None
         self._loader = None  # workers must start from the new position
 
+    # -- steering -----------------------------------------------------------------------------
+    def skip(self, num_batches: int) -> None:
+        """Skip this rank's next ``num_batches`` batches without reading them: they count as consumed.
+
+        For loss-spike recovery: resume the checkpoint before the spike, ``skip`` the batches that
+        caused it, train on. Afterwards ``state_dict()`` is what an uninterrupted run has after
+        iterating those batches, and the next batch is the one that run would give next, on any
+        topology (after ``load_state_dict`` the skip counts from the resumed position). A skip past
+        the end of the epoch goes on into the next epochs. Called inside a ``for batch in loader``
+        loop, the loop goes on after the skipped batches (the workers restart there; a skip that
+        reaches the end of the epoch ends the loop, like the epoch's end). Every rank of a
+        synchronous job must skip the same number (their states stay equal).
+        """
+        left = check_int(num_batches, "num_batches", 0)
+        while left > 0:
+            current = self._standing_pass()
+            room = self._source.pass_batches(current.origin, self.num_workers) - current.consumed
+            if room <= 0:
+                raise ValueError(f"cannot skip: epoch {current.epoch} has no batches for this rank")
+            taken = min(left, room)
+            current.consumed += taken
+            current.restart = True
+            left -= taken  # what is left goes on into the next epoch (``_standing_pass`` moves there)
+
+    def _steering_position(self) -> Position:
+        """Where this rank's next batch comes from, for a stream whose plan changes from there on
+        (``BlendedStream.set_weights``); a loop running the pass re-plans after the batch it holds."""
+        self._follow_dataset_epoch()
+        last = self._pass
+        if last is None:
+            return self._source.origin()
+        if last.consumed < self._source.pass_batches(last.origin, self.num_workers):
+            last.restart = True
+        return self._source.continue_after(last.origin, last.consumed, self.num_workers)
+
+    def _standing_pass(self) -> _Pass:
+        """The pass the next batch comes from, as a ``_Pass`` that ``skip`` may move on: the running
+        or stopped pass if batches are left in it, else the next pass (a loaded state it uses up)."""
+        self._follow_dataset_epoch()
+        last = self._pass
+        if last is not None and last.consumed < self._source.pass_batches(last.origin, self.num_workers):
+            return last
+        if last is not None:
+            self.set_epoch(self._epoch + 1)  # the last pass ended (its loop just did not see the end)
+        self._pass = _Pass(self._epoch, self._source.take_origin())
+        return self._pass
+
+    # -- what the data path costs -----------------------------------------------------------------
+    def _init_stats(self, stall_s: float) -> None:
+        if isinstance(stall_s, bool) or not isinstance(stall_s, (int, float)) or not stall_s >= 0:
+            raise ValueError(f"stall_s must be a number of seconds >= 0, got {stall_s!r}")
+        self._loop_stats = LoopStats(float(stall_s))
+        self._worker_times = WorkerTimes(self.num_workers) if isinstance(self._source, _Stream) else None
+
+    def stats(self) -> dict[str, Any]:
+        """Where the data path's time went since this loader was made: a dict of plain numbers.
+
+        Counted in the training loop's thread: ``wait_s`` (seconds the loop spent waiting inside
+        ``next()`` for a batch, each pass's start-up included), ``batches`` and ``rows`` handed out
+        (rows: entries of ``sample_id`` that are not padding; a ``PackedStream``'s are tokens),
+        ``max_wait_s``, ``stalls`` (waits longer than ``stall_s``) with ``stall_wait_s`` and
+        ``recent_stalls`` (the last 16: epoch, step of the epoch as ``len`` counts it, seconds).
+        Counted by each worker (streams only; a map-style dataset's workers report nothing):
+        ``workers``, one dict per worker (``rows``, ``batches``, ``busy_s``, ``wait_s``, ``read_s``,
+        ``io_s``, ``decode_s``, ``prepare_s``, ``convert_s``, ``read_bytes``; see
+        ``loader_stats.WorkerTimes``; read-ahead included), and ``bytes_read``, their sum of bytes
+        fetched from storage. Cheap enough to leave on: a few counters per batch, no per-row work.
+        """
+        out = self._loop_stats.as_dict()
+        workers = self._worker_times.rows() if self._worker_times is not None else []
+        out["bytes_read"] = sum(w["read_bytes"] for w in workers)
+        out["workers"] = workers
+        return out
+
+    def _step_waited_for(self) -> tuple[int, int]:
+        """``(epoch, step)`` of the batch the loop is waiting for: the step as ``len`` counts the epoch."""
+        current = self._pass
+        if current is None:
+            return self._epoch, 0
+        return current.epoch, self._source.batches_before(current.origin) + current.consumed
+
     # -- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         """The rest of the current pass (after a ``break``), else the next one. Nothing starts until
-        the first batch is asked for, so a framework's ``iter()`` probe changes nothing."""
+        the first batch is asked for, so a framework's ``iter()`` probe changes nothing. A ``skip()``
+        inside the loop restarts the pass after the skipped batches, a new plan (``set_weights``)
+        after the batch in hand."""
+        while True:
+            current = yield from self._one_pass()
+            if not current.restart or self._pass is not current:
+                return  # the pass ended, or a skip took it beyond its end (the next epoch)
+            if current.consumed >= self._source.pass_batches(current.origin, self.num_workers):
+                self.set_epoch(self._epoch + 1)  # skipped to the epoch's end: the loop ends like the epoch
+                return
+
+    def _one_pass(self) -> Iterator[Any]:
+        """One pass of ``__iter__``; returns its ``_Pass``."""
         origin = self._next_origin(advance=True)
         self._source.set_epoch(self._epoch)  # the catalog is read here once; workers inherit it
         current = self._pass = _Pass(self._epoch, origin)
+        if self._worker_times is not None:  # the pass's workers report their timings into this loader's table
+            self._source.stream._worker_times = self._worker_times
         if self.workers in ("threads", "none") and isinstance(self._source, _Stream):
             passes = self._source.stream.worker_passes(self.num_workers, origin)
             if self.workers == "none":
@@ -407,6 +510,7 @@ class StreamLoader:
             batches = iter(self._data_loader(origin))
         if self.device is not None:
             batches = iter(DevicePrefetcher(batches, self.device, self.prefetch_depth))
+        batches = self._loop_stats.timed(iter(batches), self._step_waited_for)
         for batch in batches:
             if self._pass is not current or self._source.epoch != current.epoch:
                 raise StateError(
@@ -414,8 +518,13 @@ class StreamLoader:
                     f"StreamLoader was delivering epoch {current.epoch}; call them between passes, not inside the loop")
             current.consumed += 1
             yield batch
-        if self._pass is current:  # the epoch is exhausted: the next pass starts the next one
-            self.set_epoch(self._epoch + 1)
+            if current.restart:
+                break
+        else:
+            if self._pass is current:  # the epoch is exhausted: the next pass starts the next one
+                self.set_epoch(self._epoch + 1)
+        _close(batches)
+        return current
 
     def _next_origin(self, advance: bool) -> Any:
         """Where the next pass starts: the rest of the last pass if it stopped early (``break``), the
@@ -437,10 +546,13 @@ class StreamLoader:
         # Persistent workers can run another pass unless it starts mid-epoch: a stream's workers take a
         # resumed origin only when they start (a map-style sampler resumes in this process, always fine).
         fresh = not isinstance(self._source, _Stream) or origin.fresh
-        reusable = self._loader is not None and self._loader_args["persistent_workers"] and fresh
+        revision = self._source.stream._revision if isinstance(self._source, _Stream) else 0
+        reusable = (self._loader is not None and self._loader_args["persistent_workers"] and fresh
+                    and revision == self._loader_revision)
         if not reusable:
             self._loader = self._source.data_loader(num_workers=self.num_workers, pin_memory=self.pin_memory,
                                                     **self._loader_args)
+            self._loader_revision = revision
         assert self._loader is not None
         return self._loader
 
@@ -453,6 +565,13 @@ class StreamLoader:
         consumed = self._pass.consumed if self._pass is not None else 0
         return (f"StreamLoader({type(self.dataset).__name__}, num_workers={self.num_workers}, epoch={self._epoch}, "
                 f"consumed={consumed})")
+
+
+def _close(batches: Iterator[Any]) -> None:
+    """Stop a pass's batches now (thread workers, device copies), not when they are collected."""
+    close = getattr(batches, "close", None)
+    if callable(close):
+        close()
 
 
 def _source(dataset: Any, sampler: Any, batch_size: Any, collate_fn: Any, drop_last: Any) -> _Source:

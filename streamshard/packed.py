@@ -21,11 +21,14 @@ from .blend_plan import BlendMap, CorpusOrder, blend_length, position_config, po
 from .blend_schedule import blend_counts
 from .dataset import ParquetStream
 from .delivery import deliver
+from .fetch import ReadStats
+from .loader_stats import sum_reads
 from .errors import ConversionError, ReadError
 from .packing_plan import PackedBlendBatches, TokenGroup, pack, segment_bounds, token_counts, token_group
 from .plan import EpochPlan, Layout, PlanConfig
 from .reader import RowGroupReader
 from .resume import Planner, Start
+from .steering import SteerSpec, WeightSteering
 from .stream_base import PlannedStream
 from .tensors import Batch
 from .text_counts import count_text_tokens, row_group_texts
@@ -37,7 +40,7 @@ TOKENS = "input_ids"  # the batch key of the ids of a tokenized text column
 
 
 
-class PackedStream(PlannedStream):
+class PackedStream(WeightSteering, PlannedStream):
     """Pack the documents of ``source`` (a tokenized ``ParquetStream`` or ``BlendedStream``) into
     fixed-length sequences.
 
@@ -126,6 +129,7 @@ class PackedStream(PlannedStream):
         self._tokens: list[np.ndarray] | None = None  # per corpus, per row group of its catalog, from the footers
         self._dtypes: dict[str, np.dtype] | None = None
         self._sequences: int | None = None
+        self._init_steering()
 
     @property
     def holds_gil(self) -> bool:
@@ -212,10 +216,34 @@ class PackedStream(PlannedStream):
     def _schedule(self, start: Start) -> Schedule:
         if self.blend is None:
             return start.schedule
+        if self.blend.weight_changes:
+            raise ValueError("the BlendedStream inside this PackedStream had its weights changed; a pack blends sequences, "
+                             "so call set_weights on the PackedStream")
         assert isinstance(start.schedule, StreamSchedule)
-        blend = BlendMap(self.blend.weights, self.num_sequences, self.blend.order, self.blend.seed, self.epoch)
+        epoch = start.schedule.plan.epoch
+        blend: Any = BlendMap(self.blend.weights, self.num_sequences, self.blend.order, self.blend.seed, epoch)
+        if self._changes:
+            blend = self._steered().epoch_map(epoch)
         corpora = [CorpusOrder(self._token_layout(k), self._token_config(k)) for k in range(len(self.corpora))]
         return PackedBlendBatches(start.schedule, blend, corpora, self.seq_len)
+
+    # -- steering a packed blend: its weights apply to sequences ----------------------------------
+    @property
+    def _steerable(self) -> bool:
+        return self.blend is not None
+
+    def _steer_spec(self) -> SteerSpec:
+        assert self.blend is not None
+        sequences = np.array([-(-int(t.sum()) // self.seq_len) for t in self._token_counts()], dtype=np.int64)
+        return SteerSpec(self.blend.names, self.blend.weights, self.num_sequences, self.blend.order, self.blend.seed,
+                         sequences)
+
+    def step_sample_ids(self, step: int, num_workers: int = 0, epoch: int | None = None) -> list[dict[str, Any]]:
+        """Not available for a pack: which document a token belongs to depends on the documents'
+        lengths, which only the data holds (the plan knows token positions, not documents)."""
+        raise NotImplementedError(
+            "PackedStream.step_sample_ids: a token's document id needs the documents' lengths, which are in the data, "
+            "not the footers; ask the source stream for the rows of its batches, or record batch['sample_id']")
 
     def _token_layout(self, k: int) -> Layout:
         return Layout(self._token_counts()[k], self.corpora[k].catalog.rg_file)
@@ -251,8 +279,12 @@ class PackedStream(PlannedStream):
             return {name: torch.from_numpy(array) for name, array in arrays.items()}
 
         read_ahead = max(ds.read_ahead for ds in self.corpora)
+        stats = self._delivery_stats(ReadStats(), start.worker_id)
         try:
-            for batch in deliver(self._schedule(start), start.start, read, None, read_ahead, None, assemble):
+            for batch in deliver(self._schedule(start), start.start, read, None, read_ahead, stats, assemble):
+                if stats is not None:
+                    sum_reads(readers.values(), into=stats.reads)
+                    self._report_stats(stats)
                 yield batch if self.transform is None else self.transform(batch)
         finally:
             for reader in readers.values():

@@ -122,7 +122,7 @@ class PackedBlendBatches(BlendBatches):
     of epochs. Positions are planned like rows (equal steps, exact and elastic resume), and a
     worker's sequences of one corpus rise, so each corpus is read in order."""
 
-    def __init__(self, positions: StreamSchedule, blend: BlendMap, corpora: list[CorpusOrder], seq_len: int) -> None:
+    def __init__(self, positions: StreamSchedule, blend: Any, corpora: list[CorpusOrder], seq_len: int) -> None:
         super().__init__(positions, blend, corpora)
         self.seq_len = seq_len
         self.slots = seq_len * int(positions.plan.config.batch_size or 1)
@@ -132,9 +132,8 @@ class PackedBlendBatches(BlendBatches):
         spec = self.positions.batch(index)
         if not spec.rows:
             return BatchSpec(index, {}, _EMPTY, _EMPTY, _EMPTY, self.slots, corpus=_EMPTY, slot=_EMPTY)
-        corpus, blend_index = self.blend.locate(spec.sample_id)
+        corpus, sequence = self.blend.samples(spec.sample_id)  # plain or steered (set_weights)
         tokens = self.tokens[corpus]
-        sequence = self.blend.epoch * self.blend.counts[corpus] + blend_index
         epoch, s = np.divmod(sequence, -(-tokens // self.seq_len))
         first = epoch * tokens + s * self.seq_len  # the sequence's first token in the corpus's endless stream
         length = np.minimum(self.seq_len, tokens - s * self.seq_len)

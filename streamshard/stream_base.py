@@ -28,8 +28,10 @@ from typing import Any, Callable, Iterator, Mapping
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .batch_plan import Schedule
+from .delivery import DeliveryStats
 from .elastic import Segment
 from .errors import StateError
+from .fetch import ReadStats
 from .handoff import WorkerSlots
 from .integrations.accelerate import check_pass_context
 from .resume import Planner, Position, Start, WorkerPosition
@@ -55,6 +57,9 @@ class PlannedStream(IterableDataset):
         self._progress: dict[str, Any] | None = None  # what this process's current pass delivered
         self._slots: WorkerSlots | None = None  # this worker process's hand-off slots (handoff.py)
         self._repeat_warned = False
+        self._worker_times: Callable[[DeliveryStats], None] | None = None  # StreamLoader.stats()'s table (loader_stats.py)
+        self._stand: Callable[[], Any] | None = None  # weak: the StreamLoader iterating it says where it stands
+        self._revision = 0  # bumped when the plan changes (BlendedStream.set_weights): persistent workers restart
 
     # -- what a subclass provides ---------------------------------------------------------------
     @property
@@ -71,6 +76,23 @@ class PlannedStream(IterableDataset):
 
     def _before_pass(self, start: Start, worker_id: int, num_workers: int) -> None:
         """A hook at the start of every pass (warnings)."""
+
+    # -- where a worker's time goes (``stats_hook``, ``StreamLoader.stats()``) ------------------------
+    def _delivery_stats(self, reads: ReadStats, worker_id: int) -> DeliveryStats | None:
+        """A worker's timings for this pass, kept only if someone reads them."""
+        if self._worker_times is None and getattr(self, "stats_hook", None) is None:
+            return None
+        return DeliveryStats(reads, worker_id)
+
+    def _report_stats(self, stats: DeliveryStats | None) -> None:
+        """After each batch a worker makes: its cumulative timings to the loader's table and ``stats_hook``."""
+        if stats is None:
+            return
+        if self._worker_times is not None:
+            self._worker_times(stats)
+        hook = getattr(self, "stats_hook", None)
+        if hook is not None:
+            hook(stats)
 
     # -- rank -----------------------------------------------------------------------------------
     @property
@@ -159,6 +181,71 @@ class PlannedStream(IterableDataset):
         """The exact batches DataLoader worker ``worker_id`` of this rank delivers in the next pass,
         without reading anything (``schedule(...).sample_ids()`` simulates it)."""
         return self._start(self.origin(), worker_id, num_workers).schedule
+
+    # -- provenance: which rows a step held, without reading ---------------------------------------
+    def step_sample_ids(self, step: int, num_workers: int = 0, epoch: int | None = None) -> list[dict[str, Any]]:
+        """The rows every rank trained on at one step, computed from the plan alone (no file is opened).
+
+        Element ``r`` is rank ``r``'s batch at that step: ``{"sample_id": int64 ids of its real rows
+        in batch order}`` (padding left out), plus ``"corpus"`` for a blend. ``num_workers`` is the run's
+        loader worker count. (Not for a ``PackedStream``: a token's document needs the data.)
+
+        * ``epoch=None``: ``step`` counts batches per rank from the start of epoch 0, epochs back to
+          back on this stream's topology (a run that was never resized).
+        * ``epoch=e``: ``step`` is the batch of epoch ``e`` as ``len(loader)`` counts it (Lightning's
+          ``batch_idx``, ``StreamLoader.stats()``'s stall steps). When a state of epoch ``e`` is loaded
+          and not yet used, its history says which topologies ran the steps before it: those steps
+          are answered for the ranks of their own topology.
+        """
+        step = check_int(step, "step", 0)
+        num_workers = check_int(num_workers, "num_workers", 0)
+        if epoch is None:
+            epoch, step = self._epoch_of_step(step, num_workers)
+            origin = Position(epoch)
+        else:
+            epoch = check_int(epoch, "epoch", 0)
+            pending = self.origin()
+            origin = pending if pending.epoch == epoch and pending.worker is None else Position(epoch)
+        before = 0
+        for i, segment in enumerate(origin.history):  # steps of earlier topologies
+            if step < before + segment.batches:
+                return self._step_rows(Position(epoch, origin.history[:i]), segment.world_size, segment.num_workers,
+                                       step - before)
+            before += segment.batches
+        rest = self.pass_batches(origin, num_workers)
+        if step - before >= rest:
+            raise ValueError(f"step {step} is past the end of epoch {epoch}, which has {before + rest} steps per rank")
+        return self._step_rows(origin, self.world_size, num_workers, step - before)
+
+    def _epoch_of_step(self, step: int, num_workers: int) -> tuple[int, int]:
+        """``(epoch, step of that epoch)`` of a step counted from the start of epoch 0."""
+        epoch = 0
+        while True:
+            length = self.pass_batches(Position(epoch), num_workers)
+            if length == 0:
+                raise ValueError(f"epoch {epoch} has no batches: step {step} is never reached")
+            if step < length:
+                return epoch, step
+            step -= length
+            epoch += 1
+
+    def _step_rows(self, origin: Position, world_size: int, num_workers: int, t: int) -> list[dict[str, Any]]:
+        """Each rank's batch ``t`` of a pass from ``origin`` on ``world_size`` ranks x ``num_workers``:
+        round robin, so worker ``t % n`` gives it (``StreamLoader``'s order, and a ``DataLoader``'s)."""
+        n = max(num_workers, 1)
+        rows = []
+        for rank in range(world_size):
+            start = self.planner.start(origin.epoch, origin, rank, world_size, t % n, num_workers)
+            spec = self._schedule_of(start).batch(start.start + t // n)
+            row = {"sample_id": spec.sample_id}
+            if spec.corpus is not None:
+                row["corpus"] = spec.corpus
+            rows.append(row)
+        return rows
+
+    def _schedule_of(self, start: Start) -> Schedule:
+        """A worker's batches from its ``Start`` (a blend or a pack wraps the planned positions)."""
+        return start.schedule
 
     # -- a pass's arithmetic (StreamLoader keeps the count) ---------------------------------------
     def pass_batches(self, origin: Position, num_workers: int) -> int:
@@ -357,7 +444,7 @@ class PlannedStream(IterableDataset):
         return self._slots.wrap
 
     def __getstate__(self) -> dict[str, Any]:
-        state = {**self.__dict__, "_slots": None}  # a worker's slots stay in that worker
+        state = {**self.__dict__, "_slots": None, "_stand": None}  # a worker's slots stay in that worker
         if self._topology is None and distributed_rank_world()[1] is not None:
             # A spawned DataLoader worker has no process group, and its environment may not name the rank
             # (Lightning): it gets this process's. Without a group the copy resolves its own (ddp_spawn's

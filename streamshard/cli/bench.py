@@ -1,8 +1,8 @@
 """``streamshard bench``: stream one epoch through ParquetStream + StreamLoader and time each worker.
 
 The main process measures what the training loop sees (rows, batches, bytes, wall time); each
-worker reports its own stages through the supported ``ParquetStream.stats_hook`` into a row of a
-shared-memory tensor, which the main process reads once the workers have stopped.
+worker reports its own stages into ``StreamLoader.stats()``'s shared-memory table
+(``loader_stats.WorkerTimes``), which the main process reads once the workers have stopped.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import Any, TextIO
 import torch
 
 from ..dataset import ParquetStream
-from ..delivery import DeliveryStats
 from ..loader import StreamLoader
 from .progress import progress_bar
 
@@ -24,15 +23,13 @@ def run_bench(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
 
     Measured in the main process: rows (padding excluded), batches, wall time from the first
     ``iter(loader)`` (worker start-up included) and tensor bytes delivered. Measured inside each
-    worker, through ``stats_hook``: see ``_WorkerTimes``.
+    worker: ``StreamLoader.stats()["workers"]`` (``loader_stats.WorkerTimes``).
     """
-    stats = torch.zeros((max(args.num_workers, 1), len(_WorkerTimes.FIELDS)), dtype=torch.float64).share_memory_()
     ds = ParquetStream(
         args.urls, columns=args.columns, batch_size=args.batch_size, storage_options=args.storage_options,
         partitioning=None if args.partitioning == "none" else args.partitioning,
         rank=0, world_size=1, read_ahead=args.read_ahead,
     )
-    ds.stats_hook = _WorkerTimes(stats)
     with progress_bar(err, total=None, unit="footers", desc="catalog", quiet=args.quiet) as footers:
         ds.catalog_progress = footers.update
         ds.set_epoch(0)  # reads the footers once here, so the workers inherit the catalog
@@ -55,8 +52,8 @@ def run_bench(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
                 stopped_early = True
                 break
     seconds = time.perf_counter() - start
-    del batches_in, loader  # stop the workers before reading what they wrote
-    workers = [_WorkerTimes.as_dict(i, row) for i, row in enumerate(stats.tolist())]
+    del batches_in  # stop the workers before reading what they wrote
+    workers = loader.stats()["workers"]
     storage_bytes = sum(w["read_bytes"] for w in workers)
     return {
         "rows": rows,
@@ -102,39 +99,3 @@ def render_bench(r: dict[str, Any], args: argparse.Namespace) -> str:
         "batches of tensors from those (the worker). MB are 10**6 bytes.",
     ]
     return "\n".join(lines) + "\n"
-
-
-class _WorkerTimes:
-    """Each worker's stage times (thread or process), one row of a shared-memory tensor per worker.
-
-    Installed as ``ParquetStream.stats_hook``: the stream calls it inside the worker after every
-    batch with its ``DeliveryStats`` (cumulative), and it copies them into the worker's row.
-
-    busy_s     time inside the worker's ``next()``: producing batches, not idling on the DataLoader
-    wait_s     part of busy_s spent blocked on row-group reads (read-ahead threads)
-    read_s     wall time of ``RowGroupReader.read`` calls (read-ahead threads): fetch + Parquet decode
-    io_s       part of read_s spent fetching byte ranges from storage
-    decode_s   read_s - io_s: decompression and decoding to Arrow (reported, not stored)
-    prepare_s  converting each row group to numpy once, for gathering (read-ahead threads)
-    convert_s  gathering batches of tensors from the converted row groups, on the worker's thread
-    read_bytes bytes the reader fetched from storage
-    With several read-ahead threads, read_s, io_s and prepare_s are sums over threads and can exceed busy_s.
-    """
-
-    FIELDS = ("rows", "batches", "busy_s", "wait_s", "read_s", "io_s", "prepare_s", "convert_s", "read_bytes")
-
-    def __init__(self, table: Any) -> None:
-        self.table = table
-
-    def __call__(self, stats: DeliveryStats) -> None:
-        values = (stats.rows, stats.batches, stats.busy_s, stats.wait_s, stats.reads.read_seconds,
-                  stats.reads.fetch_seconds, stats.prepare_s, stats.convert_s, stats.reads.bytes_fetched)
-        self.table[stats.worker].copy_(torch.tensor(values, dtype=torch.float64))
-
-    @classmethod
-    def as_dict(cls, worker: int, row: list[float]) -> dict[str, Any]:
-        d: dict[str, Any] = dict(zip(cls.FIELDS, row))
-        for key in ("rows", "batches", "read_bytes"):
-            d[key] = int(d[key])
-        d["decode_s"] = max(d["read_s"] - d["io_s"], 0.0)
-        return {"worker": worker, **d}
