@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .parquet_thrift import PHYSICAL_TYPES, FooterScan, scan_footer
+from .parquet_thrift import PHYSICAL_TYPES, Chunk, FooterScan, scan_footer
 from .sized_lru import SizedLRU
 
 # Bytes of a file's tail fetched to find its footer when its length is not known yet (the catalog's
@@ -74,20 +74,35 @@ def parse_footer(tail: bytes, size: int, fetch_more: Callable[[int, int], bytes]
 
 
 def _check_chunks_fit_schema(metadata: pq.FileMetaData, scan: FooterScan) -> None:
-    """``FooterError`` unless every row group has one chunk per schema column, of the column's physical type:
-    pyarrow aborts the process (an uncaught C++ exception) when a chunk it is asked for does not fit."""
+    """``FooterError`` unless every row group has one chunk per schema column that fits the column (its
+    physical type; level histograms of its levels; unencoded byte counts only for BYTE_ARRAY): pyarrow aborts
+    the process (an uncaught C++ exception) when a chunk it is asked for does not fit."""
     schema = metadata.schema
-    leaves = [schema.column(j).physical_type for j in range(metadata.num_columns)]
-    for rg, types in enumerate(scan.chunk_types):
-        if len(types) != len(leaves):
-            raise FooterError(f"corrupt Parquet footer: row group {rg} has {len(types)} column chunks but the "
+    leaves = [schema.column(j) for j in range(metadata.num_columns)]
+    for rg, chunks in enumerate(scan.chunks):
+        if len(chunks) != len(leaves):
+            raise FooterError(f"corrupt Parquet footer: row group {rg} has {len(chunks)} column chunks but the "
                               f"schema has {len(leaves)} columns")
-        for j, (physical, leaf) in enumerate(zip(types, leaves)):
-            stated = PHYSICAL_TYPES[physical] if physical is not None and 0 <= physical < len(PHYSICAL_TYPES) \
-                else f"type number {physical}"
-            if stated != leaf:
-                raise FooterError(f"corrupt Parquet footer: row group {rg}, column {schema.column(j).path!r}: its "
-                                  f"chunk says {stated} but the schema says {leaf}")
+        for chunk, leaf in zip(chunks, leaves):
+            problem = _misfit(chunk, leaf)
+            if problem:
+                raise FooterError(f"corrupt Parquet footer: row group {rg}, column {leaf.path!r}: {problem}")
+
+
+def _misfit(chunk: Chunk, leaf: pq.ColumnSchema) -> str:
+    """How a column chunk contradicts its schema column ('' when it does not)."""
+    physical = chunk.physical
+    stated = PHYSICAL_TYPES[physical] if physical is not None and 0 <= physical < len(PHYSICAL_TYPES) \
+        else f"type number {physical}"
+    if stated != leaf.physical_type:
+        return f"its chunk says {stated} but the schema says {leaf.physical_type}"
+    for name, entries, level in (("repetition", chunk.repetition_histogram, leaf.max_repetition_level),
+                                 ("definition", chunk.definition_histogram, leaf.max_definition_level)):
+        if entries and entries != level + 1:
+            return f"its {name} level histogram has {entries} entries for {level + 1} levels"
+    if chunk.unencoded_bytes and leaf.physical_type != "BYTE_ARRAY":
+        return f"its size statistics count unencoded BYTE_ARRAY bytes for a {leaf.physical_type} column"
+    return ""
 
 
 def footer_length_of(tail: bytes, size: int) -> int:

@@ -26,7 +26,8 @@ _MAX_DEPTH = 64  # Parquet's own structures nest about 8 deep; a deeper footer i
 _FILE_ROW_GROUPS, _FILE_ENCRYPTION_ALGORITHM = 4, 8
 _ROW_GROUP_COLUMNS = 1
 _CHUNK_META_DATA, _CHUNK_CRYPTO_METADATA, _CHUNK_ENCRYPTED_METADATA = 3, 8, 9
-_META_TYPE = 1
+_META_TYPE, _META_SIZE_STATISTICS = 1, 16
+_SIZE_UNENCODED_BYTES, _SIZE_REPETITION_HISTOGRAM, _SIZE_DEFINITION_HISTOGRAM = 1, 2, 3
 
 # Parquet's physical types by their Thrift number (``parquet.thrift``'s ``Type``), as pyarrow names them
 PHYSICAL_TYPES = ("BOOLEAN", "INT32", "INT64", "INT96", "FLOAT", "DOUBLE", "BYTE_ARRAY", "FIXED_LEN_BYTE_ARRAY")
@@ -36,12 +37,20 @@ class _Malformed(Exception):
     """The bytes are not compact-protocol Thrift (or nest too deep)."""
 
 
+class Chunk(NamedTuple):
+    """What a column chunk's ``ColumnMetaData`` says that pyarrow checks against the schema by aborting."""
+
+    physical: int | None  # ``type``, its Thrift number (None: not stated)
+    repetition_histogram: int  # entries of ``size_statistics.repetition_level_histogram`` (0: none)
+    definition_histogram: int  # entries of ``size_statistics.definition_level_histogram`` (0: none)
+    unencoded_bytes: bool  # ``size_statistics.unencoded_byte_array_data_bytes`` is set
+
+
 class FooterScan(NamedTuple):
-    """What the walk found: why the file is encrypted (None: it is not), and each row group's column chunks'
-    physical types (their Thrift numbers; None where a chunk states none)."""
+    """What the walk found: why the file is encrypted (None: it is not), and each row group's column chunks."""
 
     encrypted: str | None
-    chunk_types: list[list[int | None]]
+    chunks: list[list[Chunk]]
 
 
 def scan_footer(footer: bytes) -> FooterScan | None:
@@ -61,7 +70,7 @@ def encryption_in(footer: bytes) -> str | None:
 
 def _file_metadata(b: bytes) -> FooterScan:
     i = fid = 0
-    groups: list[list[int | None]] = []
+    groups: list[list[Chunk]] = []
     while True:
         if b[i] == _STOP:
             return FooterScan(None, groups)
@@ -71,17 +80,17 @@ def _file_metadata(b: bytes) -> FooterScan:
         if fid == _FILE_ROW_GROUPS and kind == _LIST:
             size, i = _list_header(b, i, _STRUCT)
             for rg in range(size):
-                types: list[int | None] = []
-                groups.append(types)
-                encrypted, i = _row_group(b, i, types)
+                chunks: list[Chunk] = []
+                groups.append(chunks)
+                encrypted, i = _row_group(b, i, chunks)
                 if encrypted is not None:
                     return FooterScan(f"column chunk {encrypted} of row group {rg} is encrypted", groups)
         else:
             i = _skip(b, i, kind, 1, in_struct=True)
 
 
-def _row_group(b: bytes, i: int, types: list[int | None]) -> tuple[int | None, int]:
-    """Appends the group's chunk types to ``types``: (the first encrypted chunk's number or None, position)."""
+def _row_group(b: bytes, i: int, chunks: list[Chunk]) -> tuple[int | None, int]:
+    """Appends the group's chunks to ``chunks``: (the first encrypted chunk's number or None, position)."""
     fid = 0
     while True:
         if b[i] == _STOP:
@@ -90,40 +99,61 @@ def _row_group(b: bytes, i: int, types: list[int | None]) -> tuple[int | None, i
         if fid == _ROW_GROUP_COLUMNS and kind == _LIST:
             size, i = _list_header(b, i, _STRUCT)
             for column in range(size):
-                encrypted, physical, i = _column_chunk(b, i)
+                encrypted, chunk, i = _column_chunk(b, i)
                 if encrypted:
                     return column, i
-                types.append(physical)
+                chunks.append(chunk)
         else:
             i = _skip(b, i, kind, 2, in_struct=True)
 
 
-def _column_chunk(b: bytes, i: int) -> tuple[bool, int | None, int]:
-    """(whether the chunk is encrypted, its ``ColumnMetaData.type``, position after it)."""
-    fid, physical = 0, None
+def _column_chunk(b: bytes, i: int) -> tuple[bool, Chunk, int]:
+    """(whether the chunk is encrypted, what its ``ColumnMetaData`` says, position after it)."""
+    fid, chunk = 0, Chunk(None, 0, 0, False)
     while True:
         if b[i] == _STOP:
-            return False, physical, i + 1
+            return False, chunk, i + 1
         kind, fid, i = _field(b, i, fid)
         if fid in (_CHUNK_CRYPTO_METADATA, _CHUNK_ENCRYPTED_METADATA) and kind in (_STRUCT, _BINARY):
-            return True, physical, i
+            return True, chunk, i
         if fid == _CHUNK_META_DATA and kind == _STRUCT:
-            physical, i = _column_meta_data(b, i)
+            chunk, i = _column_meta_data(b, i)
         else:
             i = _skip(b, i, kind, 3, in_struct=True)
 
 
-def _column_meta_data(b: bytes, i: int) -> tuple[int | None, int]:
-    fid, physical = 0, None
+def _column_meta_data(b: bytes, i: int) -> tuple[Chunk, int]:
+    fid, physical, sizes = 0, None, (0, 0, False)
     while True:
         if b[i] == _STOP:
-            return physical, i + 1
+            return Chunk(physical, *sizes), i + 1
         kind, fid, i = _field(b, i, fid)
         if fid == _META_TYPE and kind == _I32:
             z, i = _varint(b, i)
             physical = (z >> 1) ^ -(z & 1)
+        elif fid == _META_SIZE_STATISTICS and kind == _STRUCT:
+            sizes, i = _size_statistics(b, i)
         else:
             i = _skip(b, i, kind, 4, in_struct=True)
+
+
+def _size_statistics(b: bytes, i: int) -> tuple[tuple[int, int, bool], int]:
+    """((repetition histogram entries, definition histogram entries, unencoded bytes set), position after)."""
+    fid, repetition, definition, unencoded = 0, 0, 0, False
+    while True:
+        if b[i] == _STOP:
+            return (repetition, definition, unencoded), i + 1
+        kind, fid, i = _field(b, i, fid)
+        if fid in (_SIZE_REPETITION_HISTOGRAM, _SIZE_DEFINITION_HISTOGRAM) and kind == _LIST:
+            h = b[i]
+            size = h >> 4 if h >> 4 != 15 else _varint(b, i + 1)[0]
+            if fid == _SIZE_REPETITION_HISTOGRAM:
+                repetition = size
+            else:
+                definition = size
+        elif fid == _SIZE_UNENCODED_BYTES:
+            unencoded = True
+        i = _skip(b, i, kind, 5, in_struct=True)
 
 
 # -- compact protocol --------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from .decoded_size import row_group_decoded_bytes
 from .errors import ReadError
 from .fetch import FileFetcher, ReadStats
 from .footer import chunk_ranges
-from .reader_parts import _SparseFile, decode_rows, keep_rows
+from .reader_parts import _SparseFile, check_decoded, decode_rows, keep_rows
 from .retry import RetriesExhausted, RetryPolicy, describe
 from .storage import FileSystems
 
@@ -138,6 +138,7 @@ class RowGroupReader:
                 table = self._read_streaming(file_index, row_group, metadata, rows, estimate)
             else:
                 table = self._read_whole(file_index, row_group, rows)
+            check_decoded(table)
         except Exception as exc:  # noqa: BLE001 - fsspec/pyarrow/botocore raise many types
             raise self._error(file_index, row_group, exc) from None
         with self._lock:

@@ -130,5 +130,5 @@ def read_as(table: pa.Table, schema: pa.Schema, where: str) -> pa.Table:
         return table
     try:
         return table.cast(schema)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowIndexError) as exc:
         raise ConversionError(f"{where}: cannot read it as the catalog's schema ({exc})") from None

@@ -111,24 +111,38 @@ def test_encrypted_files_are_refused_by_name_and_never_abort_the_process(tmp_pat
     assert done.stderr.count("encrypted Parquet is not supported") == 3
 
 
-@pytest.mark.slow
-def test_a_chunk_whose_type_contradicts_the_schema_is_refused_without_aborting(tmp_path):
-    # Found by the fuzzer: one flipped footer byte (ColumnMetaData.type INT32 -> another number) aborted the
-    # process ("ColumnMetaData type does not match ColumnDescriptor physical type").
-    pq.write_table(pa.table({"a": pa.array(range(10), pa.int32()), "b": pa.array(range(10), pa.int32())}),
-                   tmp_path / "ok.parquet")
-    data = open(tmp_path / "ok.parquet", "rb").read()
+def _with_footer_bytes_replaced(source, target, old: bytes, new: bytes) -> None:
+    """``source`` with the one occurrence of ``old`` in its footer replaced by ``new`` (the footer's length
+    fixed after)."""
+    data = open(source, "rb").read()
     length = struct.unpack("<i", data[-8:-4])[0]
     footer = data[-8 - length:-8]
-    # ColumnMetaData opens with field 1, type i32 (header 0x15), INT32 = 1 (zigzag 0x02); make it DOUBLE (5: 0x0a)
-    at = footer.index(b"\x15\x02\x19")  # then field 2, the encodings list
-    hostile = tmp_path / "hostile.parquet"
-    hostile.write_bytes(data[:-8 - length] + footer[:at] + b"\x15\x0a" + footer[at + 2:] + data[-8:])
-    done = _run_isolated(_CATALOG_EACH, str(hostile))
+    assert footer.count(old) == 1, f"{old!r} is not in the footer once"
+    footer = footer.replace(old, new)
+    open(target, "wb").write(data[:-8 - length] + footer + struct.pack("<i", len(footer)) + b"PAR1")
+
+
+@pytest.mark.slow
+def test_chunks_that_contradict_their_schema_are_refused_without_aborting(tmp_path):
+    # Found by fuzzing: one flipped footer byte aborted the process ("ColumnMetaData type does not match
+    # ColumnDescriptor physical type"; "Definition level histogram size mismatch").
+    ints = tmp_path / "ints.parquet"  # ColumnMetaData opens with field 1, type i32 (0x15): INT32 = 1 (zigzag 0x02)
+    pq.write_table(pa.table({"a": pa.array(range(10), pa.int32())}), ints)
+    _with_footer_bytes_replaced(ints, tmp_path / "type.parquet", b"\x15\x02\x19", b"\x15\x0a\x19")  # -> DOUBLE
+    strings = tmp_path / "strings.parquet"
+    pq.write_table(pa.table({"id": pa.array(range(10), pa.int64()), "s": pa.array([None, "a"] * 5)}), strings)
+    # size_statistics of 's': field 3, definition_level_histogram, a list of 2 i64 (5 nulls, 5 values) -> 1 entry
+    _with_footer_bytes_replaced(strings, tmp_path / "levels.parquet", b"\x19\x26\x0a\x0a\x00", b"\x19\x16\x0a\x00")
+    paths = [str(tmp_path / "type.parquet"), str(tmp_path / "levels.parquet")]
+    done = _run_isolated(_CATALOG_EACH, *paths)
     assert done.returncode == 0, f"the process died ({done.returncode}): {done.stderr[-2000:]}"
-    message = json.loads(done.stdout.strip().splitlines()[-1])[str(hostile)]
-    assert message.startswith("CatalogError") and "hostile.parquet" in message
-    assert "row group 0, column 'a': its chunk says DOUBLE but the schema says INT32" in message
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out[paths[0]].startswith("CatalogError") and \
+        "type.parquet: corrupt Parquet footer: row group 0, column 'a': its chunk says DOUBLE but the schema says " \
+        "INT32" in out[paths[0]]
+    assert out[paths[1]].startswith("CatalogError") and \
+        "levels.parquet: corrupt Parquet footer: row group 0, column 's': its definition level histogram has 1 " \
+        "entries for 2 levels" in out[paths[1]]
 
 
 def test_metadata_pointing_past_the_end_is_a_read_error_at_once(tmp_path):
