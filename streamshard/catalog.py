@@ -38,7 +38,7 @@ from .catalog_cache import CatalogCache, footer_from_dict, footer_to_dict
 from .catalog_records import FileEntry, FileFooter
 from .errors import CatalogError
 from .plan import Layout
-from .schema import parse_cast, unify
+from .schema import column_order, parse_cast, unify
 from .state import catalog_digest
 from .footer import (SHARED_FOOTERS, FooterError, ParsedFooter, chunk_ranges, leaf_values, missing_footer_range,
                      parse_footer, tail_range)
@@ -198,7 +198,8 @@ class Catalog:
         if not footers:
             raise CatalogError("no files to catalog")
         nullable = set().union(*(f.maybe_null for f in footers))
-        schema = unify([(f.url, f.schema) for f in footers], nullable, cast or {})
+        schema = unify([(f.url, f.schema) for f in footers], nullable, cast or {},
+                       [int(f.row_group_rows.sum()) for f in footers])
         counts = np.array([len(f.row_group_rows) for f in footers], dtype=np.int64)
         rows = [f.row_group_rows for f in footers]
         rg_rows = np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, np.int64)
@@ -209,11 +210,12 @@ class Catalog:
         ranges = None
         if has_ranges:
             width = len(schema)
-            parts = [f.ranges.reshape(len(f.row_group_rows), width, 2) for f in footers]
+            parts = [_in_catalog_order(f.ranges.reshape(len(f.row_group_rows), width, 2), f, schema) for f in footers]
             ranges = np.concatenate(parts) if parts else np.zeros((0, width, 2), np.int64)
         values = None
         if all(f.values is not None for f in footers):
-            values = np.concatenate([f.values.reshape(len(f.row_group_rows), len(schema)) for f in footers]) \
+            values = np.concatenate([_in_catalog_order(f.values.reshape(len(f.row_group_rows), len(schema)), f, schema)
+                                     for f in footers]) \
                 if footers else None
         return cls(
             urls=tuple(f.url for f in footers),
@@ -227,6 +229,12 @@ class Catalog:
             versions=tuple(f.version for f in footers),
             rg_values=values,
         )
+
+
+def _in_catalog_order(per_column: np.ndarray, footer: FileFooter, schema: pa.Schema) -> np.ndarray:
+    """A file's per-column arrays (``(row groups, columns, ...)``, in its own column order) in the catalog's order."""
+    order = column_order(footer.schema.names, schema)
+    return per_column if order is None else per_column[:, order]
 
 
 def _build_local(

@@ -66,6 +66,9 @@ def parse_footer(tail: bytes, size: int, fetch_more: Callable[[int, int], bytes]
         raise FooterError(f"encrypted Parquet is not supported ({scan.encrypted})")
     try:
         metadata = pq.read_metadata(pa.BufferReader(exact))
+    except pa.ArrowNotImplementedError as exc:  # a type pyarrow does not have (polars' Int128): not damage
+        raise FooterError(f"a column's type is unsupported: pyarrow cannot read this file's schema ({exc}); "
+                          "columns= cannot leave such a column out, the file must be written without it") from exc
     except Exception as exc:  # noqa: BLE001 - pyarrow raises OSError/ArrowInvalid variants
         raise FooterError(f"corrupt Parquet footer: {exc}") from exc
     if scan is not None:
