@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import collective
+from . import collective, int96
 from .catalog_cache import CatalogCache, footer_from_dict, footer_to_dict
 from .catalog_records import FileEntry, FileFooter
 from .errors import CatalogError
@@ -640,7 +640,7 @@ def _footer_from_metadata(
 ) -> FileFooter:
     """What the catalog keeps of a parsed footer: row counts, projected schema, chunk ranges, null hints."""
     try:
-        schema = metadata.schema.to_arrow_schema()
+        schema = int96.arrow_schema(metadata)  # INT96 at microseconds: Spark's dates stay right
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for bad schemas
         raise CatalogError(f"{url}: cannot convert the Parquet schema to Arrow: {exc}") from exc
     if columns is not None:

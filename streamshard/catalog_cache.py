@@ -32,7 +32,7 @@ from .catalog_records import FileEntry, FileFooter
 
 log = logging.getLogger("streamshard")
 
-FORMAT_VERSION = 2  # 2: leaf value counts per column chunk
+FORMAT_VERSION = 3  # 2: leaf value counts per column chunk; 3: INT96 columns as timestamp[us]
 
 
 def footer_to_dict(footer: FileFooter) -> dict[str, Any]:
