@@ -18,7 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .parquet_thrift import PHYSICAL_TYPES, Chunk, FooterScan, scan_footer
+from .ipc_schema import unsupported_fields
+from .parquet_thrift import PHYSICAL_TYPES, Chunk, FooterScan, key_value_metadata, scan_footer
 from .sized_lru import SizedLRU
 
 # Bytes of a file's tail fetched to find its footer when its length is not known yet (the catalog's
@@ -67,8 +68,11 @@ def parse_footer(tail: bytes, size: int, fetch_more: Callable[[int, int], bytes]
     try:
         metadata = pq.read_metadata(pa.BufferReader(exact))
     except pa.ArrowNotImplementedError as exc:  # a type pyarrow does not have (polars' Int128): not damage
-        raise FooterError(f"a column's type is unsupported: pyarrow cannot read this file's schema ({exc}); "
-                          "columns= cannot leave such a column out, the file must be written without it") from exc
+        stored = key_value_metadata(exact[:-8]).get(b"ARROW:schema", b"")
+        named = unsupported_fields(stored)
+        which = f"column {', '.join(named)}: unsupported type" if named else "a column's type is unsupported"
+        raise FooterError(f"{which}; pyarrow cannot read this file's schema ({exc}), so columns= cannot leave "
+                          "the column out: the file must be written without it") from exc
     except Exception as exc:  # noqa: BLE001 - pyarrow raises OSError/ArrowInvalid variants
         raise FooterError(f"corrupt Parquet footer: {exc}") from exc
     if scan is not None:

@@ -238,3 +238,36 @@ def _skip(b: bytes, i: int, kind: int, depth: int, in_struct: bool = False) -> i
     if i > len(b):
         raise _Malformed("past the end")
     return i
+
+
+_FILE_KEY_VALUE_METADATA = 5
+
+
+def key_value_metadata(footer: bytes) -> dict[bytes, bytes]:
+    """``FileMetaData.key_value_metadata`` of a serialized footer ({} when absent or not well-formed): what a
+    writer stored beside the schema (pyarrow and polars: ``ARROW:schema``), for when pyarrow cannot parse it."""
+    b, out = bytes(footer), {}
+    try:
+        i = fid = 0
+        while b[i] != _STOP:
+            kind, fid, i = _field(b, i, fid)
+            if fid != _FILE_KEY_VALUE_METADATA or kind != _LIST:
+                i = _skip(b, i, kind, 1, in_struct=True)
+                continue
+            size, i = _list_header(b, i, _STRUCT)
+            for _ in range(size):
+                pair, kfid = {}, 0
+                while b[i] != _STOP:
+                    k, kfid, i = _field(b, i, kfid)
+                    if kfid in (1, 2) and k == _BINARY:
+                        length, i = _varint(b, i)
+                        pair[kfid], i = b[i:i + length], i + length
+                    else:
+                        i = _skip(b, i, k, 3, in_struct=True)
+                i += 1
+                if 1 in pair:
+                    out[pair[1]] = pair.get(2, b"")
+            return out
+    except (_Malformed, IndexError):
+        pass
+    return out
