@@ -123,18 +123,34 @@ def _column_chunk(b: bytes, i: int) -> tuple[bool, Chunk, int]:
 
 
 def _column_meta_data(b: bytes, i: int) -> tuple[Chunk, int]:
+    # Every column chunk has one, with a dozen fields: integers and binaries are skipped inline.
     fid, physical, sizes = 0, None, (0, 0, False)
     while True:
-        if b[i] == _STOP:
-            return Chunk(physical, *sizes), i + 1
-        kind, fid, i = _field(b, i, fid)
-        if fid == _META_TYPE and kind == _I32:
-            z, i = _varint(b, i)
-            physical = (z >> 1) ^ -(z & 1)
-        elif fid == _META_SIZE_STATISTICS and kind == _STRUCT:
-            sizes, i = _size_statistics(b, i)
+        h = b[i]
+        i += 1
+        if h == _STOP:
+            return Chunk(physical, *sizes), i
+        kind = h & 15
+        if h >> 4:
+            fid += h >> 4
         else:
-            i = _skip(b, i, kind, 4, in_struct=True)
+            z, i = _varint(b, i)
+            fid = (z >> 1) ^ -(z & 1)
+        if kind == _I32 or kind == _I64 or kind == _I16:
+            if fid == _META_TYPE:
+                z, i = _varint(b, i)
+                physical = (z >> 1) ^ -(z & 1)
+            else:
+                while b[i] & 0x80:
+                    i += 1
+                i += 1
+        elif kind == _STRUCT:
+            if fid == _META_SIZE_STATISTICS:
+                sizes, i = _size_statistics(b, i)
+            else:
+                i = _skip_struct(b, i, 5)
+        else:
+            i = _skip(b, i, kind, 5, in_struct=True)
 
 
 def _size_statistics(b: bytes, i: int) -> tuple[tuple[int, int, bool], int]:
@@ -194,17 +210,8 @@ def _skip(b: bytes, i: int, kind: int, depth: int, in_struct: bool = False) -> i
     """The position after a value of type ``kind`` starting at ``i``."""
     if depth > _MAX_DEPTH:
         raise _Malformed("nested too deep")
-    if kind == _STRUCT:  # the field ids do not matter here: no tuple per field (most of the walk's time)
-        while True:
-            h = b[i]
-            i += 1
-            if h == _STOP:
-                return i
-            if not h >> 4:  # a field id given in full (a zigzag varint) rather than as a delta
-                while b[i] & 0x80:
-                    i += 1
-                i += 1
-            i = _skip(b, i, h & 15, depth + 1, True)
+    if kind == _STRUCT:
+        return _skip_struct(b, i, depth)
     if kind in (_I16, _I32, _I64):
         while b[i] & 0x80:
             i += 1
@@ -223,8 +230,22 @@ def _skip(b: bytes, i: int, kind: int, depth: int, in_struct: bool = False) -> i
         size, i = h >> 4, i + 1
         if size == 15:
             size, i = _varint(b, i)
-        for _ in range(size):
-            i = _skip(b, i, h & 15, depth + 1)
+        element = h & 15
+        if element in (_I16, _I32, _I64):  # encodings, histograms: no call per element
+            for _ in range(size):
+                while b[i] & 0x80:
+                    i += 1
+                i += 1
+        elif element == _STRUCT:
+            for _ in range(size):
+                i = _skip_struct(b, i, depth + 1)
+        elif element == _BINARY:  # path_in_schema
+            for _ in range(size):
+                length, i = _varint(b, i)
+                i += length
+        else:
+            for _ in range(size):
+                i = _skip(b, i, element, depth + 1)
     elif kind == _MAP:
         size, i = _varint(b, i)
         if size:
@@ -238,6 +259,47 @@ def _skip(b: bytes, i: int, kind: int, depth: int, in_struct: bool = False) -> i
     if i > len(b):
         raise _Malformed("past the end")
     return i
+
+
+def _skip_struct(b: bytes, i: int, depth: int) -> int:
+    """The position after a struct starting at ``i``. The field ids do not matter here, and integers and
+    binaries (most fields) are skipped inline: this loop is most of the walk's time."""
+    if depth > _MAX_DEPTH:
+        raise _Malformed("nested too deep")
+    while True:
+        h = b[i]
+        i += 1
+        if h == _STOP:
+            return i
+        if not h >> 4:  # a field id given in full (a zigzag varint) rather than as a delta
+            while b[i] & 0x80:
+                i += 1
+            i += 1
+        kind = h & 15
+        if kind == _I32 or kind == _I64 or kind == _I16:
+            while b[i] & 0x80:
+                i += 1
+            i += 1
+        elif kind == _BINARY:
+            length = shift = 0
+            while True:
+                x = b[i]
+                i += 1
+                length |= (x & 0x7F) << shift
+                if x < 0x80:
+                    break
+                shift += 7
+                if shift > 70:
+                    raise _Malformed("varint too long")
+            i += length
+            if i > len(b):
+                raise _Malformed("past the end")
+        elif kind == _TRUE or kind == _FALSE:
+            pass
+        elif kind == _STRUCT:
+            i = _skip_struct(b, i, depth + 1)
+        else:
+            i = _skip(b, i, kind, depth + 1, in_struct=True)
 
 
 _FILE_KEY_VALUE_METADATA = 5
