@@ -117,3 +117,19 @@ def test_files_of_real_writers_stream_the_values_pyarrow_reads(tmp_path, writer)
             want = [None if v is None else v for v in want]
         assert got[c] == want, f"{writer}: column {c!r} differs"
     assert got["id"] == list(range(N))
+
+
+def test_one_directory_of_five_writers_streams_as_one_table(tmp_path):
+    # The base the issue keeps: files of several writers stream together (polars' large types, DuckDB's and
+    # Spark-style names, pandas' metadata), in URL order, each value as pyarrow reads it from its file.
+    writers = ["datasets", "deltalake", "duckdb", "pandas", "polars"]
+    for writer in writers:
+        WRITERS[writer](source(), str(tmp_path / f"{writer}.parquet"))
+    expected = {c: [] for c in source().column_names}
+    for writer in writers:  # sorted, as the catalog orders the files
+        table = pq.read_table(tmp_path / f"{writer}.parquet")
+        for c in expected:
+            expected[c].extend(as_python(table.column(c)))
+    got = streamed_columns(str(tmp_path), list(expected))
+    for c, want in expected.items():
+        assert got[c] == want, f"column {c!r} differs"
