@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import collective
+from . import collective, int96
 from .catalog_cache import CatalogCache, footer_from_dict, footer_to_dict
 from .catalog_records import FileEntry, FileFooter
 from .errors import CatalogError
@@ -44,7 +44,7 @@ from .listing_rules import listed_under_directory_is_data, matched_by_glob_is_da
 from .partitions import drop_columns, full_schema
 from .sources import Listing, list_sources, listing_from_json, listing_to_json
 from .plan import Layout
-from .schema import parse_cast, unify
+from .schema import column_order, parse_cast, unify
 from .state import catalog_digest, identity_digest
 from .footer import (SHARED_FOOTERS, FooterError, ParsedFooter, chunk_ranges, column_leaves, leaf_values,
                      missing_footer_range, parse_footer, tail_range)
@@ -240,7 +240,8 @@ class Catalog:
             footers = [drop_columns(f, set(keys.column_names)) for f in footers]
             keys = _cast_keys(keys, cast)
         nullable = set().union(*(f.maybe_null for f in footers))
-        files_schema = unify([(f.url, f.schema) for f in footers], nullable, cast)
+        files_schema = unify([(f.url, f.schema) for f in footers], nullable, cast,
+                             [int(f.row_group_rows.sum()) for f in footers])
         schema = files_schema
         counts = np.array([len(f.row_group_rows) for f in footers], dtype=np.int64)
         stored = [f.row_group_rows for f in footers]
@@ -253,11 +254,13 @@ class Catalog:
         ranges = None
         if has_ranges:
             width = len(files_schema)
-            parts = [f.ranges.reshape(len(f.row_group_rows), width, 2) for f in footers]
+            parts = [_in_catalog_order(f.ranges.reshape(len(f.row_group_rows), width, 2), f, files_schema)
+                     for f in footers]
             ranges = np.concatenate(parts) if parts else np.zeros((0, width, 2), np.int64)
         values = None
         if all(f.values is not None for f in footers):
-            values = np.concatenate([f.values.reshape(len(f.row_group_rows), len(files_schema)) for f in footers]) \
+            values = np.concatenate([_in_catalog_order(f.values.reshape(len(f.row_group_rows), len(files_schema)), f,
+                                                       files_schema) for f in footers]) \
                 if footers else None
         schema = full_schema(files_schema, keys, columns)
         return cls(
@@ -300,6 +303,12 @@ def _file_projection(columns: list[str] | None, listing: Listing) -> list[str] |
     if columns is None or not listing.keys:
         return columns
     return [c for c in columns if c not in listing.keys]
+
+
+def _in_catalog_order(per_column: np.ndarray, footer: FileFooter, schema: pa.Schema) -> np.ndarray:
+    """A file's per-column arrays (``(row groups, columns, ...)``, in its own column order) in the catalog's order."""
+    order = column_order(footer.schema.names, schema)
+    return per_column if order is None else per_column[:, order]
 
 
 def _build_local(
@@ -749,7 +758,7 @@ def _footer_from_metadata(
 ) -> FileFooter:
     """What the catalog keeps of a parsed footer: row counts, projected schema, chunk ranges, null hints."""
     try:
-        schema = metadata.schema.to_arrow_schema()
+        schema = int96.arrow_schema(metadata)  # INT96 at microseconds: Spark's dates stay right
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for bad schemas
         raise CatalogError(f"{url}: cannot convert the Parquet schema to Arrow: {exc}") from exc
     if columns is not None:

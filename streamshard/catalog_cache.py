@@ -37,7 +37,8 @@ from .storage import redact_url
 
 log = logging.getLogger("streamshard")
 
-FORMAT_VERSION = 3  # 2: leaf value counts per column chunk; 3: each distinct schema written once
+FORMAT_VERSION = 4  # 2: leaf value counts per column chunk; 3: INT96 columns as timestamp[us]; 4: each distinct
+# schema written once
 
 
 def footer_to_dict(footer: FileFooter) -> dict[str, Any]:

@@ -286,12 +286,23 @@ class FileFetcher:
         """``(start, bytes)`` of each range (in the order asked), each request retried on its own."""
         if not ranges:
             return []
+        self._check_inside(file_index, ranges)
         started = time.perf_counter()
         try:
             return self._fetch_ranges(file_index, ranges)
         finally:
             with self._lock:
                 self.stats.fetch_seconds += time.perf_counter() - started
+
+    def _check_inside(self, file_index: int, ranges: list[Range]) -> None:
+        """``ReadError`` at once for a range outside the file as cataloged: metadata that points past the end
+        describes a damaged file, and asking the store again cannot give bytes that are not there (such a
+        read used to come back short and be retried as a truncated response)."""
+        size = self.sizes[file_index]
+        for start, end in ranges:
+            if start < 0 or end > size or end < start:
+                raise ReadError(f"{self.urls[file_index]}: its metadata points at bytes [{start}, {end}) but the "
+                                f"file has {size}; the file is damaged")
 
     def _fetch_ranges(self, file_index: int, ranges: list[Range]) -> list[tuple[int, bytes]]:
         url, size = self.urls[file_index], self.sizes[file_index]

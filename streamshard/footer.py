@@ -18,6 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .ipc_schema import unsupported_fields
+from .parquet_thrift import PHYSICAL_TYPES, Chunk, FooterScan, key_value_metadata, scan_footer
 from .sized_lru import SizedLRU
 
 # Bytes of a file's tail fetched to find its footer when its length is not known yet (the catalog's
@@ -60,17 +62,62 @@ def parse_footer(tail: bytes, size: int, fetch_more: Callable[[int, int], bytes]
         tail = fetch_more(*more)
     footer_length = footer_length_of(tail, size)
     exact = tail if len(tail) == footer_length + 8 else bytes(tail[-(footer_length + 8) :])
+    scan = scan_footer(exact[:-8])
+    if scan is not None and scan.encrypted is not None:  # before pyarrow: an encrypted chunk aborts the process
+        raise FooterError(f"encrypted Parquet is not supported ({scan.encrypted})")
     try:
-        return ParsedFooter(pq.read_metadata(pa.BufferReader(exact)), footer_length, exact)
+        metadata = pq.read_metadata(pa.BufferReader(exact))
+    except pa.ArrowNotImplementedError as exc:  # a type pyarrow does not have (polars' Int128): not damage
+        stored = key_value_metadata(exact[:-8]).get(b"ARROW:schema", b"")
+        named = unsupported_fields(stored)
+        which = f"column {', '.join(named)}: unsupported type" if named else "a column's type is unsupported"
+        raise FooterError(f"{which}; pyarrow cannot read this file's schema ({exc}), so columns= cannot leave "
+                          "the column out: the file must be written without it") from exc
     except Exception as exc:  # noqa: BLE001 - pyarrow raises OSError/ArrowInvalid variants
         raise FooterError(f"corrupt Parquet footer: {exc}") from exc
+    if scan is not None:
+        _check_chunks_fit_schema(metadata, scan)
+    return ParsedFooter(metadata, footer_length, exact)
+
+
+def _check_chunks_fit_schema(metadata: pq.FileMetaData, scan: FooterScan) -> None:
+    """``FooterError`` unless every row group has one chunk per schema column that fits the column (its
+    physical type; level histograms of its levels; unencoded byte counts only for BYTE_ARRAY): pyarrow aborts
+    the process (an uncaught C++ exception) when a chunk it is asked for does not fit."""
+    schema = metadata.schema
+    leaves = [schema.column(j) for j in range(metadata.num_columns)]
+    for rg, chunks in enumerate(scan.chunks):
+        if len(chunks) != len(leaves):
+            raise FooterError(f"corrupt Parquet footer: row group {rg} has {len(chunks)} column chunks but the "
+                              f"schema has {len(leaves)} columns")
+        for chunk, leaf in zip(chunks, leaves):
+            problem = _misfit(chunk, leaf)
+            if problem:
+                raise FooterError(f"corrupt Parquet footer: row group {rg}, column {leaf.path!r}: {problem}")
+
+
+def _misfit(chunk: Chunk, leaf: pq.ColumnSchema) -> str:
+    """How a column chunk contradicts its schema column ('' when it does not)."""
+    physical = chunk.physical
+    stated = PHYSICAL_TYPES[physical] if physical is not None and 0 <= physical < len(PHYSICAL_TYPES) \
+        else f"type number {physical}"
+    if stated != leaf.physical_type:
+        return f"its chunk says {stated} but the schema says {leaf.physical_type}"
+    for name, entries, level in (("repetition", chunk.repetition_histogram, leaf.max_repetition_level),
+                                 ("definition", chunk.definition_histogram, leaf.max_definition_level)):
+        if entries and entries != level + 1:
+            return f"its {name} level histogram has {entries} entries for {level + 1} levels"
+    if chunk.unencoded_bytes and leaf.physical_type != "BYTE_ARRAY":
+        return f"its size statistics count unencoded BYTE_ARRAY bytes for a {leaf.physical_type} column"
+    return ""
 
 
 def footer_length_of(tail: bytes, size: int) -> int:
     """The footer length the last 8 bytes of a file of ``size`` bytes state; ``FooterError`` if not Parquet."""
     if len(tail) < 8 or tail[-4:] != MAGIC:
-        kind = "encrypted Parquet is not supported" if tail[-4:] == b"PARE" else "no PAR1 magic at the end"
-        raise FooterError(f"not a readable Parquet file ({kind}; truncated or another format?)")
+        if tail[-4:] == b"PARE":
+            raise FooterError("encrypted Parquet is not supported (its footer is encrypted: PARE magic)")
+        raise FooterError("not a readable Parquet file (no PAR1 magic at the end; truncated or another format?)")
     footer_length = int.from_bytes(tail[-8:-4], "little")
     if footer_length + 12 > size:
         raise FooterError(f"corrupt Parquet footer (length {footer_length} exceeds file size {size})")

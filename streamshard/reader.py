@@ -26,11 +26,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.utils import merge_offset_ranges
 
+from . import int96
 from .decoded_size import row_group_decoded_bytes
 from .errors import ReadError
 from .fetch import FileFetcher, ReadStats
 from .footer import chunk_ranges
-from .reader_parts import _SparseFile, decode_rows, keep_rows
+from .reader_parts import _SparseFile, check_decoded, decode_rows, keep_rows
 from .retry import RetriesExhausted, RetryPolicy, describe
 from .storage import FileSystems
 
@@ -65,6 +66,11 @@ class RowGroupReader:
         max_cached_footers: parsed footers kept (a footer is fetched again after eviction).
         versions: each file's version as cataloged (``Catalog.versions``); given, a file whose
             size or version differs now is refused (``ReadError``). None: not checked.
+        schema: the catalog's Arrow schema; its timestamp unit of an INT96 column is the unit the column is
+            decoded at (``int96.py``; None: microseconds).
+        verify_checksums: check the CRC of every page that has one (writers add them on request: pyarrow's
+            ``write_page_checksum``, Spark's ``parquet.page.write-checksum.enabled``); a mismatch is a
+            ``ReadError`` naming the file and row group. Pages without one are read as they are.
 
     Thread-safe: several row groups may be read at once (that is how read-ahead overlaps I/O).
     """
@@ -84,6 +90,8 @@ class RowGroupReader:
         max_gap: int = DEFAULT_MAX_GAP,
         max_cached_footers: int = 64,
         versions: Sequence[str] | None = None,
+        schema: pa.Schema | None = None,
+        verify_checksums: bool = True,
     ) -> None:
         self.urls, self.sizes = list(urls), [int(s) for s in sizes]
         self.columns = list(columns) if columns is not None else None
@@ -99,6 +107,8 @@ class RowGroupReader:
         self._files = FileFetcher(self.urls, self.sizes, self.filesystems, self.retry, self.stats,
                                   footer_lengths=footer_lengths, versions=versions, max_open_files=max_open_files,
                                   max_cached_footers=max_cached_footers)
+        self.schema = schema
+        self.verify_checksums = verify_checksums
         self.files_opened = 0  # distinct files this reader touched (laziness is observable)
         self._touched: set[int] = set()
         self._lock = threading.Lock()
@@ -122,6 +132,7 @@ class RowGroupReader:
                 rg_ranges=catalog.rg_ranges[:, index, :],
                 file_first_rg=catalog.file_first_rg,
             )
+        kwargs.setdefault("schema", getattr(catalog, "schema", None))
         return cls(catalog.urls, catalog.file_sizes, columns, storage_options, **layout, **kwargs)
 
     # -- public --------------------------------------------------------------------------------
@@ -141,6 +152,7 @@ class RowGroupReader:
                 table = self._read_streaming(file_index, row_group, metadata, rows, estimate)
             else:
                 table = self._read_whole(file_index, row_group, rows)
+            check_decoded(table)
         except Exception as exc:  # noqa: BLE001 - fsspec/pyarrow/botocore raise many types
             raise self._error(file_index, row_group, exc) from None
         with self._lock:
@@ -155,7 +167,9 @@ class RowGroupReader:
         metadata, parts = self._files.footer_and_ranges(file_index,
                                                         lambda footer: self._ranges(file_index, row_group, footer))
         source = _SparseFile(self.sizes[file_index], sorted(parts), lambda s, e: self._miss(file_index, s, e))
-        parquet = pq.ParquetFile(pa.PythonFile(source, mode="r"), metadata=metadata, pre_buffer=False)
+        parquet = pq.ParquetFile(pa.PythonFile(source, mode="r"), metadata=metadata, pre_buffer=False,
+                                 coerce_int96_timestamp_unit=int96.read_unit(metadata, self.schema),
+                                 page_checksum_verification=self.verify_checksums)
         table = parquet.read_row_group(row_group, columns=self.columns)
         with self._lock:
             self.stats.rows_decoded += table.num_rows
@@ -178,7 +192,8 @@ class RowGroupReader:
         buffer = int(np.clip(STREAM_BUFFER_BYTES // max(leaves, 1), min(64 * 1024, STREAM_BUFFER_BYTES), 4 * 1024 * 1024))
         source = _SparseFile(self.sizes[file_index], [], lambda s, e: self._files.fetch_range(file_index, s, e))
         parquet = pq.ParquetFile(pa.PythonFile(source, mode="r"), metadata=metadata, pre_buffer=False,
-                                 buffer_size=buffer)
+                                 buffer_size=buffer, coerce_int96_timestamp_unit=int96.read_unit(metadata, self.schema),
+                                 page_checksum_verification=self.verify_checksums)
         part = estimate if rows is None else estimate * len(rows) // max(total, 1)
         combine = max(4 * STREAM_BATCH_BYTES, part // _PART_CHUNKS)
         kept, decoded, largest = decode_rows(parquet, row_group, self.columns, rows, total, batch_rows, combine)

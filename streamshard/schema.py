@@ -20,7 +20,14 @@ from .errors import CatalogError, ConversionError
 
 def canonical_type(t: pa.DataType) -> pa.DataType:
     """The type every physical variant of ``t`` is read as: 32-bit offsets, decoded dictionaries,
-    list items named ``item``. Nested nullability is kept (it decides which mask keys a batch has)."""
+    list items named ``item``, extension types as their storage. Nested nullability is kept (it decides
+    which mask keys a batch has).
+
+    An extension type (Hugging Face ``Array2D``, pandas ``Period``/``Interval``) is only an extension type
+    when the package that defines it was imported (pyarrow rebuilds it from the file's schema then, and
+    reads plain storage otherwise), so its storage is what a column holds whatever was imported first."""
+    if isinstance(t, pa.BaseExtensionType):
+        return canonical_type(t.storage_type)
     if pa.types.is_dictionary(t):
         return canonical_type(t.value_type)
     if pa.types.is_large_string(t) or _is(t, "is_string_view"):
@@ -96,35 +103,65 @@ def parse_cast(cast: Mapping[str, Any] | None) -> dict[str, pa.DataType]:
     return out
 
 
-def unify(schemas: Sequence[tuple[str, pa.Schema]], nullable: set[str], cast: Mapping[str, pa.DataType]) -> pa.Schema:
+def unify(schemas: Sequence[tuple[str, pa.Schema]], nullable: set[str], cast: Mapping[str, pa.DataType],
+          rows: Sequence[int] | None = None) -> pa.Schema:
     """The one schema of ``(url, schema)`` pairs, or a ``CatalogError`` naming two files that disagree.
 
     ``nullable``: columns some file may hold nulls in. ``cast``: columns read as the given type
-    whatever each file says (Arrow must be able to cast each file's type to it).
+    whatever each file says (Arrow must be able to cast each file's type to it). ``rows``: each file's
+    row count. Files may hold the columns in another order: the first file's order is the catalog's and
+    every file's columns are read by name. A file without rows has no say on types (it delivers nothing;
+    pandas writes an empty frame's text columns as ``null`` or ``double``), and a ``null`` column (every
+    value null: pandas' all-None column) takes the type the other files give it.
     """
     first_url, first = schemas[0]
     unknown = sorted(set(cast) - set(first.names))
     if unknown:
         raise CatalogError(f"cast names column(s) {unknown} that {first_url} does not have (columns {first.names})")
-    types = {f.name: canonical_type(f.type) for f in first}
-    seen = {first}  # files written by one writer share a schema: compare each distinct one once
     for url, other in schemas[1:]:
+        if other.names != first.names and sorted(other.names) != sorted(first.names):
+            shared = [n for n in first.names if n in set(other.names)]
+            raise CatalogError(f"schemas disagree: {first_url} has columns {first.names} but {url} has "
+                               f"{other.names}; pass columns={shared} to read the columns they share")
+    counts = rows if rows is not None else [1] * len(schemas)
+    voters = [pair for pair, n in zip(schemas, counts) if n > 0] or list(schemas[:1])
+    types: dict[str, pa.DataType] = {}
+    source: dict[str, str] = {}
+    all_null = set()
+    seen: set[pa.Schema] = set()  # files written by one writer share a schema: each distinct one votes once
+    for url, other in voters:
         if other in seen:
             continue
         seen.add(other)
-        if other.names != first.names:
-            raise CatalogError(f"schemas disagree: {first_url} has columns {first.names} but {url} has {other.names}")
-        for a, b in zip(first, other):
-            if a.name in cast:
+        for b in other:
+            if b.name in cast:
                 continue
-            mine = canonical_type(b.type)
-            if not same_logical_type(types[a.name], mine):
+            mine, have = canonical_type(b.type), types.get(b.name)
+            if pa.types.is_null(mine):
+                all_null.add(b.name)
+            if have is None or (pa.types.is_null(have) and not pa.types.is_null(mine)):
+                types[b.name], source[b.name] = mine, url
+            elif pa.types.is_null(mine):
+                continue
+            elif not same_logical_type(have, mine):
                 raise CatalogError(
-                    f"schemas disagree on column {a.name!r}: {a.type} in {first_url} but {b.type} in {url}; "
-                    f"pass cast={{{a.name!r}: <type>}} to read both as one type"
+                    f"schemas disagree on column {b.name!r}: {have} in {source[b.name]} but {b.type} in {url}; "
+                    f"pass cast={{{b.name!r}: <type>}} to read both as one type"
                 )
-            types[a.name] = _merge(types[a.name], mine)
-    return pa.schema([pa.field(f.name, cast.get(f.name, types[f.name]), nullable=f.name in nullable) for f in first])
+            else:
+                types[b.name] = _merge(have, mine)
+    fields = []
+    for name in first.names:
+        kind = cast.get(name, types.get(name))
+        fields.append(pa.field(name, kind, nullable=name in nullable or name in all_null or pa.types.is_null(kind)))
+    return pa.schema(fields)
+
+
+def column_order(names: Sequence[str], schema: pa.Schema) -> list[int] | None:
+    """Where each of ``schema``'s columns is in a file's ``names`` (None: the same order)."""
+    if list(names) == schema.names:
+        return None
+    return [list(names).index(n) for n in schema.names]
 
 
 def read_as(table: pa.Table, schema: pa.Schema, where: str) -> pa.Table:
@@ -134,5 +171,5 @@ def read_as(table: pa.Table, schema: pa.Schema, where: str) -> pa.Table:
         return table
     try:
         return table.cast(schema)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowIndexError) as exc:
         raise ConversionError(f"{where}: cannot read it as the catalog's schema ({exc})") from None

@@ -291,7 +291,8 @@ class _Planner:
 
     def _refusal(self, field: pa.Field, cause: str) -> ConversionError:
         return ConversionError(
-            f"{self.source or 'schema'}: column {field.name!r} of type {field.type} has no tensor conversion: "
+            f"{self.source or 'schema'}: column {field.name!r} of type {field.type} (unsupported) has no tensor "
+            f"conversion: "
             f"{cause} (leave it out with columns=)"
         )
 
