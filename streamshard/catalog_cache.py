@@ -132,24 +132,14 @@ class CatalogCache:
         The catalog does not need its cache: one that cannot be written (a read-only or full
         filesystem, a path through a file) is a warning naming it, and the build goes on.
         """
-        directory = os.path.dirname(self.path)
         schemas: dict[str, int] = {}  # a lake's files share a few schemas: each is written once, entries index it
         written = [{**f, "url": redact_url(f["url"]), "schema": schemas.setdefault(f["schema"], len(schemas))}
                    for f in footers]
         payload = {"format": FORMAT_VERSION, "columns": self.columns, "schemas": list(schemas),
                    "files": {f["url"]: f for f in written}}
-        tmp = None
         try:
-            os.makedirs(directory, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".catalog-", suffix=".tmp", dir=directory)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(payload, f, separators=(",", ":"))
-            os.replace(tmp, self.path)
-        except BaseException as exc:
-            if tmp is not None and os.path.exists(tmp):
-                os.unlink(tmp)
-            if not isinstance(exc, OSError):
-                raise
+            write_json_atomically(self.path, payload, ".catalog-")
+        except OSError as exc:
             warnings.warn(f"catalog cache {self.path} cannot be written ({type(exc).__name__}: {exc}); the catalog "
                           "was built without it and its footers will be read again next time", stacklevel=2)
 
@@ -198,6 +188,23 @@ def check_entry(entry: Any, file: FileEntry, columns: Sequence[str] | None, url:
             _is_int(v) and v >= -1 for v in values):
         return "values is not a list of leaf counts (>= -1), one per row group and column"
     return None
+
+
+def write_json_atomically(path: str, payload: Any, prefix: str) -> None:
+    """Replace ``path`` with ``payload`` as JSON: readers see the old file or the new one, never half
+    (a temporary file beside it, renamed over it; removed if anything fails)."""
+    directory = os.path.dirname(path)
+    tmp = None
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(payload, f, separators=(",", ":"))
+        os.replace(tmp, path)
+    except BaseException:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 @functools.lru_cache(maxsize=256)

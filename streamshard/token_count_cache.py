@@ -20,11 +20,13 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import warnings
 from typing import Any
 
 import numpy as np
+
+from .catalog_cache import write_json_atomically
+from .storage import redact_url
 
 log = logging.getLogger("streamshard")
 
@@ -46,6 +48,7 @@ class TokenCountCache:
         files = self._read_files()
         rejected = []
         for f, url in enumerate(catalog.urls):
+            url = redact_url(url)  # as written down (no presigned URL's credentials on disk)
             entry = files.get(url)
             version = catalog.versions[f] if catalog.versions else ""
             if entry is None or not version:
@@ -69,19 +72,12 @@ class TokenCountCache:
             version = catalog.versions[f] if catalog.versions else ""
             mine = counts[int(catalog.file_first_rg[f]):_file_end(catalog, f)]
             if version and (mine >= 0).all():
-                files[url] = {"size": int(catalog.file_sizes[f]), "version": version, "counts": [int(c) for c in mine]}
+                files[redact_url(url)] = {"size": int(catalog.file_sizes[f]), "version": version,
+                                          "counts": [int(c) for c in mine]}
         payload = {"format": FORMAT, "key": self.key, "files": files, "digest": _digest(files)}
-        directory = os.path.dirname(self.path)
-        tmp = None
         try:
-            os.makedirs(directory, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".tokens-", suffix=".tmp", dir=directory)
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                json.dump(payload, out, separators=(",", ":"))
-            os.replace(tmp, self.path)
+            write_json_atomically(self.path, payload, ".tokens-")
         except OSError as exc:
-            if tmp is not None and os.path.exists(tmp):
-                os.unlink(tmp)
             warnings.warn(f"token count cache {self.path} cannot be written ({type(exc).__name__}: {exc}); "
                           "the tokens will be counted again next time", stacklevel=2)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -50,3 +50,22 @@ def assert_rows_match_ids(per_rank) -> None:
 def assert_equal_steps(per_rank) -> None:
     counts = [len(batches) for batches in per_rank]
     assert len(set(counts)) == 1, f"ranks yield different step counts: {counts}"
+
+
+def rows_of(batch: dict[str, Any], columns: list[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(sample_id, row)`` for each real row of a delivered batch: each column's value as Python data, a
+    list column cut to its length, None where its mask says null."""
+    for j, sid in enumerate(batch["sample_id"].tolist()):
+        if sid < 0:
+            continue
+        row: dict[str, Any] = {}
+        for c in columns:
+            mask = batch.get(f"{c}_mask")
+            if mask is not None and not bool(mask[j]):
+                row[c] = None
+            elif f"{c}_lengths" in batch:
+                row[c] = batch[c][j][: int(batch[f"{c}_lengths"][j])].tolist()
+            else:
+                value = batch[c][j]
+                row[c] = value.item() if hasattr(value, "item") else value
+        yield sid, row

@@ -68,24 +68,13 @@ def _same(value: Any) -> Any:
 def streamed_rows(path: str) -> list[dict[str, Any]]:
     """Every row ParquetStream delivers for ``path``, in sample-id order, as Python values (None where masked)."""
     import streamshard as ss
+    from helpers import rows_of
 
     rows: dict[int, dict[str, Any]] = {}
     stream = ss.ParquetStream(path, rank=0, world_size=1, batch_size=16)
     columns = stream.catalog.columns  # a flipped byte may rename one
     for batch in stream:
-        for j, sid in enumerate(batch["sample_id"].tolist()):
-            if sid < 0:
-                continue
-            row = {}
-            for c in columns:
-                mask = batch.get(f"{c}_mask")
-                if mask is not None and not bool(mask[j]):
-                    row[c] = None
-                elif f"{c}_lengths" in batch:
-                    row[c] = batch[c][j][: int(batch[f"{c}_lengths"][j])].tolist()
-                else:
-                    value = batch[c][j]
-                    row[c] = value.item() if hasattr(value, "item") else value
+        for sid, row in rows_of(batch, columns):
             assert sid not in rows, f"sample id {sid} delivered twice"
             rows[sid] = row
     assert sorted(rows) == list(range(len(rows))), "sample ids are not 0..n-1"

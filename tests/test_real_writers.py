@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import streamshard as ss
+from helpers import rows_of
 
 N = 37
 
@@ -93,20 +94,7 @@ def streamed_columns(path: str, columns: list[str]) -> dict[str, list]:
     """Each column's values as ParquetStream delivers them, in sample-id order (None where masked)."""
     rows: dict[int, dict[str, object]] = {}
     for batch in ss.ParquetStream(path, rank=0, world_size=1, batch_size=10, shuffle=True, seed=3):
-        for j, sid in enumerate(batch["sample_id"].tolist()):
-            if sid < 0:
-                continue
-            row = {}
-            for c in columns:
-                mask = batch.get(f"{c}_mask")
-                if mask is not None and not bool(mask[j]):
-                    row[c] = None
-                elif f"{c}_lengths" in batch:
-                    row[c] = batch[c][j][: int(batch[f"{c}_lengths"][j])].tolist()
-                else:
-                    value = batch[c][j]
-                    row[c] = value.item() if hasattr(value, "item") else value
-            rows[sid] = row
+        rows.update(rows_of(batch, columns))
     assert sorted(rows) == list(range(len(rows)))
     return {c: [rows[i][c] for i in range(len(rows))] for c in columns}
 
