@@ -153,7 +153,8 @@ class StreamSchedule(Schedule):
         self._rows: np.ndarray | None = None  # the current window's row numbers, per delivered row
         self._parts = _PartRows(plan)
         # The reads of the current batches' windows, by piece: a shuffle window's batches each name
-        # most of its ~16-48 pieces, and a dict lookup costs a fraction of the LRU's.
+        # most of its ~16-48 pieces, and a dict lookup costs a fraction of the LRU's (whole row
+        # groups only: the LRU alone bounds the owned-row numbers of partial ones).
         self._piece_reads: dict[int, Read] = {}
         self._piece_reads_window = -1
 
@@ -178,7 +179,9 @@ class StreamSchedule(Schedule):
         for k in keys:
             read = known.get(k)
             if read is None:
-                read = known[k] = self._parts.read(int(p.rg[k]), int(p.lo[k]), int(p.hi[k]))
+                read = self._parts.read(int(p.rg[k]), int(p.lo[k]), int(p.hi[k]))
+                if read.rows is None:  # owned-row arrays stay within the LRU's bound
+                    known[k] = read
             reads[k] = read
         sample_id = self.plan.layout.rg_first_id[rg] + row
         padding = 0 if bs is None else bs - (end - begin)
