@@ -169,3 +169,50 @@ def test_lists_of_lists_keep_the_whole_batch_conversion():
     nested = pa.schema([("v", pa.list_(pa.list_(pa.int32())))])
     assert not gatherable(BatchConverter(nested))
     assert gatherable(BatchConverter(TABLES["maps"].schema))
+
+
+# -- a read in record batches (a streamed part of a huge row group) -------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(TABLES))
+def test_a_read_converted_batch_by_batch_equals_converting_it_whole(name, monkeypatch):
+    monkeypatch.setattr(gather_module, "_CHUNKWISE_BYTES", 0)
+    table = TABLES[name]
+    converter = BatchConverter(table.schema, inner_nulls="mask")
+    in_batches = pa.Table.from_batches(table.to_batches(max_chunksize=5))  # 12 rows: batches of 5, 5, 2
+    batches = gather_module.chunked(in_batches)
+    assert batches is not None and len(batches) == 3
+    got, want = convert_read(batches, converter), convert_read(table, converter)
+    assert batches == [] and got.rows == want.rows and list(got.columns) == list(want.columns)
+    for key, value in want.columns.items():
+        if isinstance(value, np.ndarray):
+            assert got.columns[key].dtype == value.dtype and np.array_equal(got.columns[key], value), key
+        else:
+            assert got.columns[key] == value, key
+    for key, value in want.offsets.items():
+        assert np.array_equal(got.offsets[key], value), key
+
+
+def test_a_huge_part_converted_batch_by_batch_keeps_no_arrow_memory(tmp_path, monkeypatch):
+    """The converted part owns its numbers: the Arrow batches it came from are freed as each is
+    copied, so the part is not held twice (its batches and their concatenation) while converting."""
+    import pyarrow.parquet as pq
+
+    monkeypatch.setattr(gather_module, "_CHUNKWISE_BYTES", 1 << 20)
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(0, 64, 40_000)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    values = pa.ListArray.from_arrays(pa.array(offsets), pa.array(rng.integers(0, 1000, int(offsets[-1]), dtype=np.int32)))
+    path = str(tmp_path / "part.parquet")
+    pq.write_table(pa.table({"id": np.arange(len(lengths)), "x": values}), path)
+    before = pa.total_allocated_bytes()
+    table = pa.Table.from_batches(list(pq.ParquetFile(path).iter_batches(batch_size=5_000)))  # decoded by Arrow
+    held = pa.total_allocated_bytes() - before
+    assert held > 4 << 20 and table.column(0).num_chunks == 8
+    converter = BatchConverter(table.schema)
+    batches = gather_module.chunked(table)
+    del table
+    converted = convert_read(batches, converter)
+    assert pa.total_allocated_bytes() - before < held // 8  # at most one batch's worth left (none, in fact)
+    assert int(converted.offsets["x_lengths"][-1]) == int(offsets[-1]) and converted.rows == len(lengths)
+    assert np.array_equal(converted.columns["x"][:10], values.flatten().to_numpy()[:10])
