@@ -31,7 +31,7 @@ import torch
 from .batch_plan import BatchSpec, Read, Schedule
 from .batches import CORPUS, concat, padding_like, with_ids
 from .errors import ConversionError
-from .gather import Gatherer, chunked, convert_read, gatherable
+from .gather import Gatherer, convert_read, gatherable
 from .reader import ReadStats
 from .tensors import Batch, BatchConverter
 
@@ -222,11 +222,8 @@ def _converting(read: Callable[[Read], pa.Table], convert: BatchConverter, descr
     def read_converted(what: Read) -> Any:
         table = read(what)
         began = time.perf_counter()
-        batches = chunked(table)
-        source = table if batches is None else batches
-        del table  # with batches, convert_read frees each record batch of a huge part as it converts it
         try:
-            return convert_read(source, convert)
+            return convert_read(table, convert)
         except ConversionError as exc:
             if describe is None:
                 raise

@@ -54,14 +54,8 @@ def gatherable(converter: BatchConverter | None) -> bool:
     return converter is not None and converter.items_of is not None
 
 
-def convert_read(table: pa.Table | list[pa.RecordBatch | None], converter: BatchConverter) -> Converted:
-    """``table`` (a read's decoded rows) converted once, in the flat form batches gather from.
-
-    A read in record batches (a list, see :func:`chunked`) is converted batch by batch into arrays
-    made for the whole read, and the list is emptied as it goes: a part of a huge row group is then
-    held about once while it is converted, not twice (its Arrow batches and their concatenation)."""
-    if isinstance(table, list):
-        return _convert_batches(table, converter)
+def convert_read(table: pa.Table, converter: BatchConverter) -> Converted:
+    """``table`` (a read's decoded rows) converted once, in the flat form batches gather from."""
     flat = converter.flat_twin().convert(table, copy=False)  # batches copy what they gather
     columns = _numpy(flat)
     converted = Converted(table.num_rows, columns, _item_offsets(columns, converter))
@@ -90,45 +84,9 @@ def _pad_read(read: Converted, converter: BatchConverter) -> None:
             read.padded[key] = padded
 
 
-def chunked(table: pa.Table) -> list[pa.RecordBatch | None] | None:
-    """``table``'s record batches when it is large (``_CHUNKWISE_BYTES``) and in several of them
-    (a streamed part of a huge row group): :func:`convert_read` then frees each as it converts it,
-    provided nothing else refers to ``table``. None otherwise."""
-    if table.num_columns and table.column(0).num_chunks > 1 and table.nbytes > _CHUNKWISE_BYTES:
-        return list(table.to_batches())
-    return None
-
-
 def _numpy(flat: dict[str, Any]) -> dict[str, Any]:
     return {key: value.numpy() if isinstance(value, torch.Tensor) else value for key, value in flat.items()}
 
-
-def _convert_batches(batches: list[pa.RecordBatch | None], converter: BatchConverter) -> Converted:
-    twin = converter.flat_twin()
-    # Views of Arrow's buffers where the values need no conversion: nothing is copied yet.
-    pieces: list[dict[str, Any] | None] = [_numpy(twin.convert(b, copy=False)) for b in batches if b is not None]
-    rows = sum(b.num_rows for b in batches if b is not None)
-    keys = list(pieces[0])  # chunked() made the list: two batches or more
-    columns: dict[str, Any] = {}
-    for key in keys:
-        first = pieces[0][key]  # type: ignore[index]
-        if isinstance(first, np.ndarray):  # allocated, not touched: pages arrive as batches are copied in
-            size = sum(len(piece[key]) for piece in pieces)  # type: ignore[index]
-            columns[key] = np.empty((size,) + first.shape[1:], dtype=first.dtype)
-        else:
-            columns[key] = []
-    at = dict.fromkeys(keys, 0)
-    batches.clear()  # the pieces refer to what they need of each batch
-    for i, piece in enumerate(pieces):
-        assert piece is not None
-        for key, value in piece.items():
-            if isinstance(value, np.ndarray):
-                columns[key][at[key]:at[key] + len(value)] = value
-                at[key] += len(value)
-            else:
-                columns[key].extend(value)
-        pieces[i] = None  # this batch's Arrow buffers go now
-    return Converted(rows, columns, _item_offsets(columns, converter))
 
 
 def _item_offsets(columns: dict[str, Any], converter: BatchConverter) -> dict[str, np.ndarray]:
@@ -350,7 +308,6 @@ def _columns(width: int) -> np.ndarray:
 
 _COLUMNS = np.zeros(0, dtype=np.int64)
 _SLICE_ROWS_FROM = 32  # items per row, on average, from which rows are copied a slice each
-_CHUNKWISE_BYTES = 64 << 20  # reads larger than this, in several record batches, are converted batch by batch
 _PAD_READ_BYTES = 32 << 20  # a read's padded copy of one list key, at most
 _PAD_GROWTH = 2.5  # a window's short rows are padded once when that takes at most this x their items' cells
 _JOIN_BYTES = 64 << 20  # at most this much of a shuffle window's short rows' items joined for gathering
