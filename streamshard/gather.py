@@ -8,9 +8,7 @@ it (:func:`convert_read`, to flat numpy columns), and a batch is gathered from t
 (:class:`Gatherer`): one gather per per-row key, and each row's list items copied as one slice
 straight into its place in the padded output. A shuffle window's batches draw a few rows from each
 of its ~16-28 row groups, so the window's per-row columns (a few numbers per row) are joined once
-(:class:`_Window`) rather than gathered from every read per batch. Lists of short rows delivered
-padded are padded once per read on the read thread too (``Converted.padded``), so a batch of
-consecutive rows copies a block and a shuffle window joins blocks. List items stay in their reads and
+(:class:`_Window`) rather than gathered from every read per batch. List items stay in their reads and
 are copied a slice per row, except short rows' (a few items each, where a slice per row is mostly
 Python): those are padded once per window to ``[rows, longest]`` (one vectorised pass, when that
 costs at most ``_PAD_GROWTH`` x their own cells and ``_JOIN_BYTES``), so a padded batch is one
@@ -23,7 +21,7 @@ keep the whole-batch conversion (``delivery.build``); :func:`gatherable` says wh
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -44,9 +42,6 @@ class Converted:
     rows: int
     columns: dict[str, Any]
     offsets: dict[str, np.ndarray]  # lengths key -> int64 [rows + 1]: where each row's items begin
-    # Items key -> [rows, longest] padded once, on the read thread (``_pad_read``), for lists of short
-    # rows delivered padded: a batch of consecutive rows then copies a block of it.
-    padded: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def gatherable(converter: BatchConverter | None) -> bool:
@@ -57,36 +52,8 @@ def gatherable(converter: BatchConverter | None) -> bool:
 def convert_read(table: pa.Table, converter: BatchConverter) -> Converted:
     """``table`` (a read's decoded rows) converted once, in the flat form batches gather from."""
     flat = converter.flat_twin().convert(table, copy=False)  # batches copy what they gather
-    columns = _numpy(flat)
-    converted = Converted(table.num_rows, columns, _item_offsets(columns, converter))
-    if not converter.flat_lists:
-        _pad_read(converted, converter)
-    return converted
-
-
-def _pad_read(read: Converted, converter: BatchConverter) -> None:
-    """Pad the short rows' lists of ``read`` to ``[rows, longest]`` once (one vectorised pass on the
-    read thread, which releases the GIL), where that costs at most ``_PAD_GROWTH`` x the items'
-    cells and ``_PAD_READ_BYTES``: batches then copy blocks of rows, and a shuffle window joins blocks."""
-    assert converter.items_of is not None
-    for lengths, starts in read.offsets.items():
-        counts, items = read.columns[lengths], int(starts[-1])
-        width = int(counts.max(initial=0))
-        if not read.rows or items >= _SLICE_ROWS_FROM * read.rows or read.rows * width > _PAD_GROWTH * max(items, 1):
-            continue
-        cells = _columns(width) < counts[:, None]
-        for key, of in converter.items_of.items():
-            values = read.columns[key] if of == lengths else None
-            if values is None or read.rows * width * values.itemsize > _PAD_READ_BYTES:
-                continue
-            padded = np.zeros((read.rows, width), dtype=values.dtype)
-            padded[cells] = values
-            read.padded[key] = padded
-
-
-def _numpy(flat: dict[str, Any]) -> dict[str, Any]:
-    return {key: value.numpy() if isinstance(value, torch.Tensor) else value for key, value in flat.items()}
-
+    columns = {key: value.numpy() if isinstance(value, torch.Tensor) else value for key, value in flat.items()}
+    return Converted(table.num_rows, columns, _item_offsets(columns, converter))
 
 
 def _item_offsets(columns: dict[str, Any], converter: BatchConverter) -> dict[str, np.ndarray]:
@@ -207,17 +174,9 @@ class Gatherer:
                     for k in keys:
                         _copy_spans(outs[k], [piece.source.columns[k]], spans)
                     continue
-                # Short rows: a block of the read padded once, else one vectorised pass (both release
-                # the GIL, and cost less than a loop).
-                cells = None
+                # Short rows: one vectorised pass (it releases the GIL, and costs less than a loop).
+                cells = np.arange(width) < lengths[piece.at, None]
                 for k in keys:
-                    block = piece.source.padded.get(k)
-                    if block is not None:
-                        w = min(width, block.shape[1])
-                        outs[k][piece.at, :w] = block[piece.rows, :w]
-                        continue
-                    if cells is None:
-                        cells = np.arange(width) < lengths[piece.at, None]
                     outs[k][piece.at][cells] = piece.source.columns[k][a:b]
                 continue
             rows = np.arange(piece.rows.start, piece.rows.stop) if isinstance(piece.rows, slice) else piece.rows
@@ -308,7 +267,6 @@ def _columns(width: int) -> np.ndarray:
 
 _COLUMNS = np.zeros(0, dtype=np.int64)
 _SLICE_ROWS_FROM = 32  # items per row, on average, from which rows are copied a slice each
-_PAD_READ_BYTES = 32 << 20  # a read's padded copy of one list key, at most
 _PAD_GROWTH = 2.5  # a window's short rows are padded once when that takes at most this x their items' cells
 _JOIN_BYTES = 64 << 20  # at most this much of a shuffle window's short rows' items joined for gathering
 
@@ -432,12 +390,7 @@ class _Window:
         out = None
         if len(counts) * width <= _PAD_GROWTH * max(items, 1) and len(counts) * width * itemsize <= _JOIN_BYTES:
             out = np.zeros((len(counts), width), dtype=self.parts[0].columns[key].dtype)
-            if all(key in p.padded for p in self.parts):  # each read padded already: blocks
-                for p, a, b in zip(self.parts, self.row_base[:-1].tolist(), self.row_base[1:].tolist()):
-                    block = p.padded[key]
-                    out[a:b, :block.shape[1]] = block
-            else:
-                out[_columns(width) < counts[:, None]] = np.concatenate([p.columns[key] for p in self.parts])
+            out[_columns(width) < counts[:, None]] = np.concatenate([p.columns[key] for p in self.parts])
         self._padded[key] = out
         return out
 
