@@ -79,12 +79,21 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
+_BASELINE_KIB = [0]  # this worker's RSS when it started, before it read anything
+
+
+def note_baseline(worker_id: int) -> None:
+    """``worker_init_fn``: the worker's RSS before its pass (the baseline its peak is measured above)."""
+    _BASELINE_KIB[0] = _status_kib("VmRSS")
+
+
 def record_peak(batch: dict[str, Any]) -> dict[str, Any]:
-    """A ``transform`` run in the worker: attach its pid and peak RSS so far to the batch."""
+    """A ``transform`` run in the worker: attach its pid, peak RSS so far and baseline to the batch."""
     import torch
 
     batch["_pid"] = torch.tensor([os.getpid()])
     batch["_hwm_kib"] = torch.tensor([_status_kib("VmHWM")])
+    batch["_base_kib"] = torch.tensor([_BASELINE_KIB[0]])
     return batch
 
 
@@ -98,23 +107,27 @@ def run_child(config: dict[str, Any]) -> dict[str, Any]:
                           transform=record_peak)
     ds.set_epoch(0)  # the parent takes the catalog; workers use its snapshot
     workers = config["workers"]
-    loader = ss.StreamLoader(ds, num_workers=workers) if config["loader"] == "StreamLoader" else \
-        DataLoader(ds, batch_size=None, num_workers=workers)
+    loader = ss.StreamLoader(ds, num_workers=workers, worker_init_fn=note_baseline) if config["loader"] == "StreamLoader" \
+        else DataLoader(ds, batch_size=None, num_workers=workers, worker_init_fn=note_baseline)
     parent_rss = _status_kib("VmRSS")
     seen = np.zeros(config["rows"], dtype=np.int64)
     peaks: dict[int, int] = {}
+    bases: dict[int, int] = {}
     started = time.perf_counter()
     for batch in loader:
         ids = batch["sample_id"].numpy()
         np.add.at(seen, ids[ids >= 0], 1)
         pid, hwm = int(batch["_pid"][0]), int(batch["_hwm_kib"][0])
         peaks[pid] = max(peaks.get(pid, 0), hwm)
+        bases[pid] = int(batch["_base_kib"][0])
         del batch
     wall = time.perf_counter() - started
     return {
         "streamshard": os.path.dirname(os.path.dirname(ss.__file__)),
         "wall_s": wall,
         "worker_peak_mib": sorted(round(v / 1024) for v in peaks.values()),
+        # Each worker's peak above its RSS when it started (issue 25 item 4: <= 0.8x the group's decoded size)
+        "worker_above_baseline_mib": sorted(round((peaks[p] - bases[p]) / 1024) for p in peaks),
         "parent_rss_at_start_mib": round(parent_rss / 1024),
         "parent_peak_mib": round(_status_kib("VmHWM") / 1024),
         "exactly_once": bool(np.all(seen == 1)),
@@ -143,7 +156,7 @@ def main() -> None:
     results, files = [], {}
     print(f"one row group of {args.rows:,} rows x {WIDTH} int32, 2 workers; src {args.src or ROOT}; "
           f"load average {load_start}", flush=True)
-    header = f"{'shape':<6}{'loader':<14}{'shuffle':<9}{'worker peak RSS (MiB)':>24}{'parent':>9}{'wall s':>9}  exactly once"
+    header = f"{'shape':<6}{'loader':<14}{'shuffle':<9}{'worker peak RSS (MiB)':>60}{'parent':>9}{'wall s':>9}  exactly once"
     lines = [header]
     print(header, flush=True)
     with tempfile.TemporaryDirectory(prefix="big_row_group-") as tmp:
@@ -165,7 +178,12 @@ def main() -> None:
                     else:
                         result = json.loads(done.stdout.strip().splitlines()[-1])
                         peaks = " + ".join(str(p) for p in result["worker_peak_mib"])
-                        line = (f"{shape:<6}{loader:<14}{str(shuffle):<9}{peaks:>24}{result['parent_peak_mib']:>9}"
+                        above = result["worker_above_baseline_mib"]
+                        decoded_mib = files[shape]["decoded_bytes"] / MIB
+                        result["worker_above_baseline_x_decoded"] = [round(a / decoded_mib, 2) for a in above]
+                        peaks += f" (above start: {' + '.join(str(a) for a in above)}, " \
+                                 f"{'/'.join(str(x) for x in result['worker_above_baseline_x_decoded'])}x the group)"
+                        line = (f"{shape:<6}{loader:<14}{str(shuffle):<9}{peaks:>60}{result['parent_peak_mib']:>9}"
                                 f"{result['wall_s']:>9.1f}  {result['exactly_once']}")
                     results.append({"shape": shape, "loader": loader, "shuffle": shuffle, **result})
                     lines.append(line)

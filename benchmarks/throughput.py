@@ -18,9 +18,15 @@ read-ahead) times reading and the whole-batch conversion (what streams use for l
 other schemas gather from row groups converted once, ``gather.py``), next to cheaper ways to build
 the same padded tensor.
 
-    .venv/bin/python benchmarks/throughput.py [--quick] [--repeats 3]
+Every configuration reports rows/s, its ratio to raw decoding into *unpadded* tensors in as many
+processes as it has workers (the ceiling: padding is work the loader does), its ratio to the
+padded raw baseline, and CPU-seconds per million rows (every thread and process doing the work:
+the loader's process and its worker processes, or the raw processes).
 
-Writes ``benchmarks/out/throughput.json`` (``throughput-quick.json`` with ``--quick``); the
+    .venv/bin/python benchmarks/throughput.py [--quick] [--repeats 3]
+    .venv/bin/python benchmarks/throughput.py --corpus short --set ceiling --repeats 3   # issue 25
+
+Writes ``benchmarks/out/throughput.json`` (``throughput-<corpus>[-<set>].json`` otherwise); the
 corpus is cached under ``benchmarks/out/corpus/`` (rewritten when its manifest differs).
 """
 
@@ -48,6 +54,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from streamshard import tensors as ss_tensors  # noqa: E402
+from streamshard.cpu_usage import tree_cpu_seconds  # noqa: E402
 from streamshard.dataset import ParquetStream  # noqa: E402
 from streamshard.loader import StreamLoader  # noqa: E402
 from streamshard.delivery import spec_table  # noqa: E402
@@ -63,7 +70,7 @@ COLUMNS = ["id", "input_ids", "score"]
 VOCAB = 50_000
 MIN_TOKENS, MAX_TOKENS = 128, 1024
 RAW_BATCH_ROWS = 8192
-RAW_MODES = ("decode", "numpy", "padded")
+RAW_MODES = ("decode", "numpy", "unpadded", "padded")
 CORPUS_VERSION = 2
 
 
@@ -72,15 +79,21 @@ CORPUS_VERSION = 2
 
 @dataclass(frozen=True)
 class CorpusSpec:
-    """Shape of the synthetic corpus: row-group sizes vary ~10x across files and row groups."""
+    """Shape of the synthetic corpus: row-group sizes vary ~10x across files and row groups, or
+    (``groups`` given) every file has ``groups`` row groups of ``base_rows`` rows."""
 
     name: str
     files: int
     base_rows: int  # smallest possible row group
     seed: int = 7
+    min_tokens: int = MIN_TOKENS
+    max_tokens: int = MAX_TOKENS
+    groups: int | None = None
 
     def layout(self) -> list[list[int]]:
         """Row counts per row group per file (file scale x row-group scale, each 1..~3.2x)."""
+        if self.groups is not None:
+            return [[self.base_rows] * self.groups for _ in range(self.files)]
         rng = np.random.default_rng(self.seed)
         out = []
         for _ in range(self.files):
@@ -90,13 +103,20 @@ class CorpusSpec:
         return out
 
 
-SPECS = {"full": CorpusSpec("full", 16, 620), "quick": CorpusSpec("quick", 16, 45)}
+SPECS = {
+    "full": CorpusSpec("full", 16, 620),
+    "quick": CorpusSpec("quick", 16, 45),
+    # Issue 25's corpus: 16 files x 8 row groups x 4,096 rows = 524,288 rows of 8..40 tokens (24 on
+    # average): short rows make the loader's per-batch and per-row cost visible next to decoding.
+    "short": CorpusSpec("short", 16, 4096, min_tokens=8, max_tokens=40, groups=8),
+}
 
 
 def ensure_corpus(spec: CorpusSpec) -> Path:
     """The corpus directory, written unless a manifest says it matches ``spec`` already."""
     directory, manifest = CORPUS_ROOT / spec.name, CORPUS_ROOT / f"{spec.name}.json"
-    wanted = {"version": CORPUS_VERSION, "layout": spec.layout(), "seed": spec.seed}
+    wanted = {"version": CORPUS_VERSION, "layout": spec.layout(), "seed": spec.seed,
+              "tokens": [spec.min_tokens, spec.max_tokens]}
     if manifest.exists() and directory.is_dir():
         have = json.loads(manifest.read_text())
         files = sorted(directory.glob("*.parquet"))
@@ -106,7 +126,8 @@ def ensure_corpus(spec: CorpusSpec) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     for stale in directory.glob("*"):
         stale.unlink()
-    write_corpus(str(directory), wanted["layout"], MIN_TOKENS, MAX_TOKENS, seed=spec.seed, tokens="random", vocab=VOCAB)
+    write_corpus(str(directory), wanted["layout"], spec.min_tokens, spec.max_tokens, seed=spec.seed, tokens="random",
+                 vocab=VOCAB)
     manifest.write_text(json.dumps(wanted))
     return directory
 
@@ -194,11 +215,16 @@ def _list_parts(array: pa.ListArray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def raw_pass(paths: list[str], mode: str) -> dict[str, float]:
-    """Read ``paths`` with iter_batches; ``mode`` is "decode", "numpy" or "padded"."""
+    """Read ``paths`` with iter_batches; ``mode`` is "decode", "numpy", "unpadded" or "padded".
+
+    "unpadded" builds the tensors a loader with ``lists="flat"`` hands over (each column copied
+    into memory the tensor owns: token values end to end, per-row token counts, ids, scores): the
+    ceiling issue 25 measures against. "padded" builds ``[rows, max_len]`` tokens instead."""
+    mode, _, batch_rows = mode.partition("@")  # "unpadded@256": batches of the loader's size
     rows = tokens = 0
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for path in paths:
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=RAW_BATCH_ROWS, columns=COLUMNS):
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=int(batch_rows or RAW_BATCH_ROWS), columns=COLUMNS):
             tokens_array = batch.column(1)
             rows += batch.num_rows
             if mode == "decode":
@@ -211,8 +237,10 @@ def raw_pass(paths: list[str], mode: str) -> dict[str, float]:
                 padded, lengths = pad_rowwise(offsets, values)
                 # The tensors a loader would hand over (then dropped, as the other modes drop theirs).
                 torch.from_numpy(padded), torch.from_numpy(lengths), torch.from_numpy(ids.copy()), torch.from_numpy(scores.copy())
+            elif mode == "unpadded":
+                torch.from_numpy(values.copy()), torch.from_numpy(np.diff(offsets)), torch.from_numpy(ids.copy()), torch.from_numpy(scores.copy())
             tokens += int(offsets[-1] - offsets[0])
-    return {"rows": rows, "tokens": tokens, "seconds": time.perf_counter() - start}
+    return {"rows": rows, "tokens": tokens, "seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu}
 
 
 def _raw_worker(conn: Any) -> None:
@@ -230,7 +258,8 @@ class RawPool(JsonWorkers):
         start = time.perf_counter()
         parts = self.ask([{"paths": paths, "mode": mode} for paths in groups])
         seconds = time.perf_counter() - start
-        return {"rows": sum(p["rows"] for p in parts), "tokens": sum(p["tokens"] for p in parts), "seconds": seconds}
+        return {"rows": sum(p["rows"] for p in parts), "tokens": sum(p["tokens"] for p in parts), "seconds": seconds,
+                "cpu_seconds": sum(p["cpu_seconds"] for p in parts)}
 
 
 # -- ParquetStream --------------------------------------------------------------------------
@@ -241,19 +270,20 @@ def stream_pass(loader: Any, total_rows: int) -> dict[str, float]:
 
     The loop only copies each batch's ids and lengths out (a training loop touches its batch, and
     the copies free shared-memory slots as a real step would); the check runs after the clock
-    stops: the real ids of the epoch must be exactly 0..total_rows-1, each once."""
+    stops: the real ids of the epoch must be exactly 0..total_rows-1, each once. CPU: this process
+    (every thread) and its worker processes (``tree_cpu_seconds``), and the main process alone."""
     ids, lengths = [], []
-    start, cpu = time.perf_counter(), time.process_time()
+    start, cpu, tree = time.perf_counter(), time.process_time(), tree_cpu_seconds()
     for batch in loader:
         ids.append(batch["sample_id"].numpy().copy())
         lengths.append(batch["input_ids_lengths"].numpy().copy())
-    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    seconds, cpu, tree = time.perf_counter() - start, time.process_time() - cpu, tree_cpu_seconds() - tree
     every = np.concatenate(ids)
     real = every >= 0
     if not np.array_equal(np.sort(every[real]), np.arange(total_rows)):
         raise RuntimeError(f"epoch delivered {int(real.sum())} rows; expected each of {total_rows} once")
     tokens = int(np.concatenate(lengths)[real].sum())
-    return {"rows": total_rows, "tokens": tokens, "seconds": seconds, "main_cpu_seconds": cpu}
+    return {"rows": total_rows, "tokens": tokens, "seconds": seconds, "main_cpu_seconds": cpu, "cpu_seconds": tree}
 
 
 def make_loader(
@@ -300,8 +330,11 @@ def summarise(samples: dict[str, Any], stats: CorpusStats) -> dict[str, dict[str
             "seconds_all": [r["seconds"] for r in runs["timed"]],
             "first_epoch_seconds": runs["warmup"]["seconds"],
             "rows_per_s": rows / seconds,
+            "best_rows_per_s": rows / min(r["seconds"] for r in runs["timed"]),  # steadier on a shared machine
             "tokens_per_s": tokens / seconds,
             "parquet_mb_per_s": stats.bytes / 1e6 / seconds,
+            # CPU of every process and thread doing the work, per million rows (median over rounds)
+            "cpu_s_per_mrows": statistics.median(r["cpu_seconds"] for r in runs["timed"]) / rows * 1e6,
         }
         if "main_cpu_seconds" in runs["timed"][0]:  # CPU the consuming (main) process spent per epoch
             out[name]["main_cpu_seconds"] = statistics.median(r["main_cpu_seconds"] for r in runs["timed"])
@@ -465,22 +498,43 @@ def ipc_cost(directory: Path, repeats: int) -> dict[str, float]:
 
 
 def print_table(results: dict[str, dict[str, float]], ceiling: str, padded_ceiling: str) -> list[str]:
+    """The table: ratios are to ``ceiling`` (raw decoding into unpadded tensors, as many processes
+    as workers) and ``padded_ceiling`` (the same into padded tensors), both from the same run."""
     head = (
-        "| configuration | rows/s | Mtokens/s | Parquet MB/s | x raw 2-proc decode+numpy | x raw 2-proc padded "
-        "| median s | first epoch s | main-process CPU s |"
+        "| configuration | rows/s | x raw 2-proc unpadded | x raw 2-proc padded | CPU-s per M rows | best round: rows/s "
+        "| best: x raw unpadded | Mtokens/s | median s (all) | first epoch s | main-process CPU s |"
     )
-    lines = [head, "|" + "---|" * 9]
+    lines = [head, "|---|" + "---:|" * 10]
     for name, r in results.items():
         lines.append(
-            f"| {name} | {r['rows_per_s']:,.0f} | {r['tokens_per_s'] / 1e6:.1f} | {r['parquet_mb_per_s']:.0f} | "
-            f"{r['rows_per_s'] / results[ceiling]['rows_per_s']:.2f} | {r['rows_per_s'] / results[padded_ceiling]['rows_per_s']:.2f} | "
-            f"{r['seconds']:.2f} | {r['first_epoch_seconds']:.2f} | {_cpu(r)} |"
+            f"| {name} | {r['rows_per_s']:,.0f} | {r['rows_per_s'] / results[ceiling]['rows_per_s']:.2f} | "
+            f"{r['rows_per_s'] / results[padded_ceiling]['rows_per_s']:.2f} | {r['cpu_s_per_mrows']:.2f} | "
+            f"{r['best_rows_per_s']:,.0f} | {r['best_rows_per_s'] / results[ceiling]['best_rows_per_s']:.2f} | "
+            f"{r['tokens_per_s'] / 1e6:.1f} | {r['seconds']:.2f} ({', '.join(f'{x:.2f}' for x in r['seconds_all'])}) | "
+            f"{r['first_epoch_seconds']:.2f} | {_cpu(r)} |"
         )
     print("\n".join(lines))
     return lines
 
 
-def measure(directory: Path, stats: CorpusStats, spec: CorpusSpec, repeats: int, with_s3: bool) -> dict[str, Any]:
+def ceiling_streams(directory: str) -> list[tuple[str, str, int | None, int, dict[str, Any] | None, dict[str, Any]]]:
+    """Issue 25's table: StreamLoader with 2 workers, from the cheapest output to what training uses."""
+    stream = {"loader": "stream"}
+    return [
+        ("StreamLoader, bs=None, lists=flat", directory, None, 2, None, {**stream, "lists": "flat"}),
+        ("StreamLoader, bs=256, lists=flat", directory, 256, 2, None, {**stream, "lists": "flat"}),
+        ("StreamLoader, bs=None (padded)", directory, None, 2, None, stream),
+        ("StreamLoader, defaults (bs=256, padded, threads)", directory, 256, 2, None, stream),
+        ("StreamLoader, shuffle=True, lists=flat", directory, 256, 2, None, {**stream, "shuffle": True, "lists": "flat"}),
+        ("StreamLoader, shuffle=True", directory, 256, 2, None, {**stream, "shuffle": True}),
+        ("StreamLoader, defaults, worker processes", directory, 256, 2, None, {**stream, "workers": "processes"}),
+        ("StreamLoader, shuffle=True, worker processes", directory, 256, 2, None,
+         {**stream, "shuffle": True, "workers": "processes"}),
+    ]
+
+
+def measure(directory: Path, stats: CorpusStats, spec: CorpusSpec, repeats: int, with_s3: bool,
+            config_set: str = "all") -> dict[str, Any]:
     """Run every configuration ``repeats`` times (plus a warm-up round), interleaved."""
     streams: list[tuple[str, str, int | None, int, dict[str, Any] | None, dict[str, Any]]] = [
         ("ParquetStream local, bs=None, 2 workers", str(directory), None, 2, None, {}),
@@ -496,12 +550,16 @@ def measure(directory: Path, stats: CorpusStats, spec: CorpusSpec, repeats: int,
         ("ParquetStream local, bs=None, 0 workers (no IPC)", str(directory), None, 0, None, {}),
         ("ParquetStream local, bs=None, 0 workers, read_ahead=4", str(directory), None, 0, None, {"read_ahead": 4}),
     ]
+    one_proc, two_proc = RAW_MODES, RAW_MODES
+    if config_set == "ceiling":
+        streams, one_proc, two_proc = ceiling_streams(str(directory)), (), ("unpadded", "padded", "unpadded@256")
+        with_s3 = False
     with contextlib.ExitStack() as stack:
         pool = RawPool(2)
         stack.callback(pool.close)
         halves = split_by_rows(stats, 2)
-        configs = [Config(f"raw pyarrow 1 proc: {m}", (lambda m=m: raw_pass(stats.files, m))) for m in RAW_MODES]
-        configs += [Config(f"raw pyarrow 2 proc: {m}", (lambda m=m: pool.run(halves, m))) for m in RAW_MODES]
+        configs = [Config(f"raw pyarrow 1 proc: {m}", (lambda m=m: raw_pass(stats.files, m))) for m in one_proc]
+        configs += [Config(f"raw pyarrow 2 proc: {m}", (lambda m=m: pool.run(halves, m))) for m in two_proc]
         if with_s3:
             from streamshard.testing import local_s3
 
@@ -528,6 +586,15 @@ def diagnose(directory: Path, stats: CorpusStats, repeats: int) -> dict[str, Any
     return {"stages_seconds": stages, "profile_top_tottime": profile_worker(directory), "ipc": ipc}
 
 
+def _git_head() -> str:
+    try:
+        import subprocess
+
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout.strip()
+    except OSError:
+        return ""
+
+
 def _cpu(result: dict[str, float]) -> str:
     return f"{result['main_cpu_seconds']:.2f}" if "main_cpu_seconds" in result else "-"
 
@@ -535,12 +602,15 @@ def _cpu(result: dict[str, float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a ~35 MB corpus instead of ~290 MB")
+    parser.add_argument("--corpus", choices=sorted(SPECS), help="which corpus (default: full, or quick with --quick)")
+    parser.add_argument("--set", dest="config_set", choices=("all", "ceiling"), default="all",
+                        help="ceiling: only issue 25's table (raw unpadded/padded, StreamLoader variants), no diagnosis")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds (after one warm-up round)")
     parser.add_argument("--no-s3", action="store_true", help="skip the moto S3 configuration")
     args = parser.parse_args()
     load_start = os.getloadavg()
     wall = time.perf_counter()
-    spec = SPECS["quick" if args.quick else "full"]
+    spec = SPECS[args.corpus or ("quick" if args.quick else "full")]
     directory = ensure_corpus(spec)
     stats = corpus_stats(directory)
     print(
@@ -549,12 +619,13 @@ def main() -> None:
         f"{stats.bytes / 1e6:.0f} MB on disk; load average {load_start}",
         flush=True,
     )
-    results = summarise(measure(directory, stats, spec, args.repeats, not args.no_s3), stats)
-    lines = print_table(results, "raw pyarrow 2 proc: numpy", "raw pyarrow 2 proc: padded")
-    diagnosis = diagnose(directory, stats, args.repeats)
+    results = summarise(measure(directory, stats, spec, args.repeats, not args.no_s3, args.config_set), stats)
+    lines = print_table(results, "raw pyarrow 2 proc: unpadded", "raw pyarrow 2 proc: padded")
+    diagnosis = diagnose(directory, stats, args.repeats) if args.config_set == "all" else {}
     load_end = os.getloadavg()
     record = {
         "command": " ".join(["benchmarks/throughput.py", *sys.argv[1:]]),
+        "git": _git_head(),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "pyarrow": pa.__version__, "torch": torch.__version__},
         "loadavg_start": load_start,
         "loadavg_end": load_end,
@@ -570,7 +641,8 @@ def main() -> None:
         **diagnosis,
         "wall_seconds": time.perf_counter() - wall,
     }
-    out = OUT.with_name("throughput-quick.json") if args.quick else OUT  # a quick run never replaces the full one
+    name = "throughput" + ("" if spec.name == "full" else f"-{spec.name}") + ("" if args.config_set == "all" else f"-{args.config_set}")
+    out = OUT.with_name(f"{name}.json")  # a quick or partial run never replaces the full one
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2))
     print(f"wrote {out} ({record['wall_seconds']:.0f} s, load average {load_start} -> {load_end})")

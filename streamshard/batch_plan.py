@@ -152,6 +152,11 @@ class StreamSchedule(Schedule):
         self._labels: tuple[int, np.ndarray, np.ndarray] | None = None  # (window, labels, occurrence)
         self._rows: np.ndarray | None = None  # the current window's row numbers, per delivered row
         self._parts = _PartRows(plan)
+        # The reads of the current batches' windows, by piece: a shuffle window's batches each name
+        # most of its ~16-48 pieces, and a dict lookup costs a fraction of the LRU's (whole row
+        # groups only: the LRU alone bounds the owned-row numbers of partial ones).
+        self._piece_reads: dict[int, Read] = {}
+        self._piece_reads_window = -1
 
     def batch(self, index: int) -> BatchSpec:
         if not 0 <= index < self.steps:
@@ -166,7 +171,18 @@ class StreamSchedule(Schedule):
         keys = _first_use(piece)
         # Pieces end in window order, so their last batches never decrease.
         done = tuple(range(*np.searchsorted(self.piece_last_batch, [index, index + 1]).tolist()))
-        reads = {k: self._parts.read(int(p.rg[k]), int(p.lo[k]), int(p.hi[k])) for k in keys}
+        window = int(np.searchsorted(self.window_start, begin, side="right")) - 1
+        if window != self._piece_reads_window:  # held for the batches of one window (and the next's first)
+            self._piece_reads, self._piece_reads_window = {}, window
+        known = self._piece_reads
+        reads = {}
+        for k in keys:
+            read = known.get(k)
+            if read is None:
+                read = self._parts.read(int(p.rg[k]), int(p.lo[k]), int(p.hi[k]))
+                if read.rows is None:  # owned-row arrays stay within the LRU's bound
+                    known[k] = read
+            reads[k] = read
         sample_id = self.plan.layout.rg_first_id[rg] + row
         padding = 0 if bs is None else bs - (end - begin)
         return BatchSpec(index, reads, piece, row, sample_id, padding, done)

@@ -10,8 +10,10 @@ straight into its place in the padded output. A shuffle window's batches draw a 
 of its ~16-28 row groups, so the window's per-row columns (a few numbers per row) are joined once
 (:class:`_Window`) rather than gathered from every read per batch. List items stay in their reads and
 are copied a slice per row, except short rows' (a few items each, where a slice per row is mostly
-Python): those are joined once per window too (at most ``_JOIN_BYTES``) and gathered per batch in one
-element gather.
+Python): those are padded once per window to ``[rows, longest]`` (one vectorised pass, when that
+costs at most ``_PAD_GROWTH`` x their own cells and ``_JOIN_BYTES``), so a padded batch is one
+gather of whole rows; otherwise (and for flat lists) joined once per window and gathered per batch
+in one element gather.
 
 Schemas with inner list levels (lists of lists, whose entries hang off items rather than rows)
 keep the whole-batch conversion (``delivery.build``); :func:`gatherable` says which.
@@ -125,7 +127,12 @@ class Gatherer:
             if isinstance(first, np.ndarray):
                 values = np.zeros((size,) + first.shape[1:], dtype=first.dtype)
                 for columns, rows, at in sources:
-                    values[at] = columns[key][rows] if isinstance(rows, slice) else np.take(columns[key], rows, axis=0)
+                    if isinstance(rows, slice):
+                        values[at] = columns[key][rows]
+                    elif isinstance(at, slice) and at.start == 0 and at.stop == len(rows):  # into place, no temporary
+                        np.take(columns[key], rows, axis=0, out=values[:len(rows)], mode="clip")
+                    else:
+                        values[at] = np.take(columns[key], rows, axis=0)
             else:
                 values = [None] * size
                 for columns, rows, at in sources:
@@ -213,24 +220,54 @@ class Gatherer:
         key from the window's items joined end to end (``_Window.items``), wherever the rows are."""
         lengths = batch[lengths_key]
         n, size = len(rows), len(lengths)
-        counts = lengths[:n].astype(np.int64, copy=False)
+        counts = lengths[:n]
+        if self.padded:
+            width = int(lengths.max(initial=0))
+            keys = self._item_keys[lengths_key]
+            padded = [window.padded(key, lengths_key) for key in keys]
+            if padded[0] is not None:  # the window's rows padded once: a batch is a gather of rows
+                for key, rows_of_window in zip(keys, padded):
+                    if size == n:
+                        batch[key] = rows_of_window[rows, :width]
+                    else:
+                        values = np.zeros((size, width), dtype=rows_of_window.dtype)
+                        values[:n] = rows_of_window[rows, :width]
+                        batch[key] = values
+                return
+            # A [rows, width] index of every cell, the empty ones pointing at the zero after the
+            # window's items: one gather fills the padded batch, padding included, with no scatter.
+            starts = window.item_starts(lengths_key)[rows]
+            cells = _columns(width)
+            source = np.add(starts[:, None], cells)
+            source[cells >= counts[:, None]] = window.zero_at(lengths_key)
+            for key in self._item_keys[lengths_key]:
+                values = np.zeros((size, width), dtype=window.parts[0].columns[key].dtype)
+                np.take(window.items(key), source, out=values[:n], mode="clip")  # in range: clip skips a buffer
+                batch[key] = values
+            return
+        starts = window.item_starts(lengths_key)[rows]
+        counts = counts.astype(np.int64, copy=False)
         total = int(counts.sum())
         before = np.cumsum(counts) - counts  # items of the batch's earlier rows
         shift = np.arange(total, dtype=np.int64) - np.repeat(before, counts)  # each item's place in its row
-        source = np.repeat(window.item_starts(lengths_key)[rows], counts) + shift
-        width = int(lengths.max(initial=0)) if self.padded else None
-        target = np.repeat(np.arange(n, dtype=np.int64) * width, counts) + shift if width is not None else None
-        for key in self._item_keys[lengths_key]:
-            items = window.items(key)
-            if target is None:  # flat: the rows' items end to end, in order
-                batch[key] = np.take(items, source)
-            else:
-                values = np.zeros((size, width), dtype=items.dtype)
-                values.reshape(-1)[target] = np.take(items, source)
-                batch[key] = values
+        source = np.repeat(starts, counts) + shift
+        for key in self._item_keys[lengths_key]:  # flat: the rows' items end to end, in order
+            batch[key] = np.take(window.items(key), source)
 
 
+def _columns(width: int) -> np.ndarray:
+    """``[0, 1, ..., width - 1]`` (int64), shared: read only."""
+    global _COLUMNS
+    if len(_COLUMNS) < width:
+        grown = np.arange(max(width, 2 * len(_COLUMNS)), dtype=np.int64)
+        grown.flags.writeable = False
+        _COLUMNS = grown
+    return _COLUMNS[:width]
+
+
+_COLUMNS = np.zeros(0, dtype=np.int64)
 _SLICE_ROWS_FROM = 32  # items per row, on average, from which rows are copied a slice each
+_PAD_GROWTH = 2.5  # a window's short rows are padded once when that takes at most this x their items' cells
 _JOIN_BYTES = 64 << 20  # at most this much of a shuffle window's short rows' items joined for gathering
 
 
@@ -293,6 +330,8 @@ class _Window:
         self._items: dict[str, np.ndarray] = {}
         self._joins: dict[str, bool] = {}
         self._item_starts: dict[str, np.ndarray] = {}
+        self._counts: dict[str, list[int]] = {}
+        self._padded: dict[str, np.ndarray | None] = {}
         self.row_base = np.zeros(len(keys) + 1, dtype=np.int64)
         np.cumsum([p.rows for p in self.parts], out=self.row_base[1:])
         self.part = np.repeat(np.arange(len(keys)), np.diff(self.row_base))  # per joined row, its read
@@ -329,11 +368,41 @@ class _Window:
         return joins
 
     def items(self, key: str) -> np.ndarray:
-        """The items of list key ``key`` of every read, end to end (made once per window)."""
+        """The items of list key ``key`` of every read, end to end, then one zero (``zero_at``),
+        which padded cells gather (made once per window)."""
         joined = self._items.get(key)
         if joined is None:
-            joined = self._items[key] = np.concatenate([p.columns[key] for p in self.parts])
+            columns = [p.columns[key] for p in self.parts]
+            joined = self._items[key] = np.concatenate(columns + [np.zeros(1, dtype=columns[0].dtype)])
         return joined
+
+    def padded(self, key: str, lengths: str) -> np.ndarray | None:
+        """The items of list key ``key`` of every joined row, padded to ``[rows, longest]`` once per
+        window (one vectorised pass; a batch then gathers whole rows), or None when that array would
+        exceed ``_PAD_GROWTH`` x the items' own size or ``_JOIN_BYTES`` (a few long rows among
+        short ones): batches then gather items one by one."""
+        if key in self._padded:
+            return self._padded[key]
+        counts = self.columns[lengths]
+        width = int(counts.max(initial=0))
+        items = sum(self._item_counts(lengths))
+        itemsize = self.parts[0].columns[key].itemsize
+        out = None
+        if len(counts) * width <= _PAD_GROWTH * max(items, 1) and len(counts) * width * itemsize <= _JOIN_BYTES:
+            out = np.zeros((len(counts), width), dtype=self.parts[0].columns[key].dtype)
+            out[_columns(width) < counts[:, None]] = np.concatenate([p.columns[key] for p in self.parts])
+        self._padded[key] = out
+        return out
+
+    def zero_at(self, lengths: str) -> int:
+        """Where the zero after the items of list ``lengths`` is, in ``items``."""
+        return sum(self._item_counts(lengths))
+
+    def _item_counts(self, lengths: str) -> list[int]:
+        counts = self._counts.get(lengths)
+        if counts is None:
+            counts = self._counts[lengths] = [int(p.offsets[lengths][-1]) for p in self.parts]
+        return counts
 
     def item_starts(self, lengths: str) -> np.ndarray:
         """Per joined row, where its items of list ``lengths`` begin in ``items``."""

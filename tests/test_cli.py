@@ -242,6 +242,8 @@ def test_bench_streams_every_row_once_and_times_each_worker(corpus):
         assert w["busy_s"] >= w["wait_s"] >= 0 and w["read_s"] > 0 and w["read_bytes"] > 0
         assert w["prepare_s"] > 0 and w["convert_s"] > 0  # the one-off conversion, then the gathering
     assert report["rows_per_s"] > 0 and err == ""  # stderr is no terminal here: no progress bar
+    assert report["cpu_seconds"] > 0
+    assert report["cpu_s_per_mrows"] == pytest.approx(report["cpu_seconds"] / report["rows"] * 1e6)
 
 
 def test_bench_stops_after_max_batches(corpus):

@@ -112,12 +112,14 @@ def batches(draw):
     return name, specs, tables
 
 
-# How list items are copied: (_SLICE_ROWS_FROM, _JOIN_BYTES). A slice per row; one element gather
-# (runs) and, in shuffle windows, from the window's items joined once; the same with no room to join.
-ITEM_PATHS = [(0, 64 << 20), (10**9, 64 << 20), (10**9, 0)]
+# How list items are copied: (_SLICE_ROWS_FROM, _JOIN_BYTES, _PAD_GROWTH). A slice per row; one
+# element gather (runs) and, in shuffle windows, whole rows of the window padded once (padded) or
+# from the window's items joined once (flat); the same with padded cells gathered from the joined
+# items (no padding once); the same with no room to join.
+ITEM_PATHS = [(0, 64 << 20, 2.5), (10**9, 64 << 20, 10**9), (10**9, 64 << 20, 0), (10**9, 0, 2.5)]
 
 
-@pytest.mark.parametrize("item_path", ITEM_PATHS, ids=["slices", "gather-joined", "gather-no-room"])
+@pytest.mark.parametrize("item_path", ITEM_PATHS, ids=["slices", "gather-padded-window", "gather-joined", "gather-no-room"])
 @pytest.mark.parametrize("lists", ["padded", "flat"])
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=batches())
@@ -130,6 +132,7 @@ def test_gathered_batches_equal_converting_their_rows(lists, item_path, case):
     with pytest.MonkeyPatch.context() as patch:  # per example (a fixture would span them all)
         patch.setattr(gather_module, "_SLICE_ROWS_FROM", item_path[0])
         patch.setattr(gather_module, "_JOIN_BYTES", item_path[1])
+        patch.setattr(gather_module, "_PAD_GROWTH", item_path[2])
         for spec in specs:  # batch after batch of one pass, one window after another
             want = build(spec, {k: tables[k] for k in spec.reads}, converter)
             _check_same(gatherer.build(spec, {k: parts[k] for k in spec.reads}), want)

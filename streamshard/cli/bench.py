@@ -13,6 +13,7 @@ from typing import Any, TextIO
 
 import torch
 
+from ..cpu_usage import tree_cpu_seconds
 from ..dataset import ParquetStream
 from ..loader import StreamLoader
 from .progress import progress_bar
@@ -22,8 +23,10 @@ def run_bench(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
     """Stream one epoch through ParquetStream + StreamLoader, timing each worker's stages.
 
     Measured in the main process: rows (padding excluded), batches, wall time from the first
-    ``iter(loader)`` (worker start-up included) and tensor bytes delivered. Measured inside each
-    worker: ``StreamLoader.stats()["workers"]`` (``loader_stats.WorkerTimes``).
+    ``iter(loader)`` (worker start-up included), tensor bytes delivered, and CPU seconds of this
+    process's threads and its worker processes over the same span (``tree_cpu_seconds``: what data
+    loading takes from a node's cores). Measured inside each worker: ``StreamLoader.stats()["workers"]``
+    (``loader_stats.WorkerTimes``).
     """
     ds = ParquetStream(
         args.urls, columns=args.columns, batch_size=args.batch_size, storage_options=args.storage_options,
@@ -37,7 +40,7 @@ def run_bench(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
     loader = StreamLoader(ds, num_workers=args.num_workers)
     rows = batches = nbytes = 0
     stopped_early = False
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), tree_cpu_seconds()
     batches_in = iter(loader)  # forks the workers before tqdm starts its monitor thread
     with progress_bar(err, total=ds.catalog.num_rows, unit="rows", desc="bench", quiet=args.quiet) as bar:
         for batch in batches_in:
@@ -51,7 +54,7 @@ def run_bench(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
             if args.max_batches is not None and batches >= args.max_batches:
                 stopped_early = True
                 break
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, tree_cpu_seconds() - cpu
     del batches_in  # stop the workers before reading what they wrote
     workers = loader.stats()["workers"]
     storage_bytes = sum(w["read_bytes"] for w in workers)
@@ -60,6 +63,8 @@ def run_bench(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:
         "batches": batches,
         "seconds": seconds,
         "rows_per_s": rows / seconds if seconds else 0.0,
+        "cpu_seconds": cpu,
+        "cpu_s_per_mrows": cpu / rows * 1e6 if rows else 0.0,
         "mb_per_s": nbytes / 1e6 / seconds if seconds else 0.0,
         "storage_mb_per_s": storage_bytes / 1e6 / seconds if seconds else 0.0,
         "delivered_bytes": nbytes,
@@ -81,6 +86,8 @@ def render_bench(r: dict[str, Any], args: argparse.Namespace) -> str:
         f"(num_workers={r['num_workers']}, batch_size={r['batch_size']}{', stopped early' if r['stopped_early'] else ''})",
         f"  {r['rows_per_s']:,.0f} rows/s   {r['mb_per_s']:.1f} MB/s delivered (tensor bytes)   "
         f"{r['storage_mb_per_s']:.1f} MB/s read from storage",
+        f"  {r['cpu_seconds']:.2f} CPU-s ({r['cpu_s_per_mrows']:.2f} CPU-s per million rows: this process's threads "
+        "and its worker processes, start-up included)",
         "",
         f"{'worker':>6} {'rows':>10} {'batches':>8} {'busy s':>7} {'wait s':>7} {'io s':>7} {'decode s':>9} "
         f"{'prepare s':>9} {'convert s':>9} {'read MB':>8}",
