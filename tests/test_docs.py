@@ -42,6 +42,12 @@ def test_the_docs_build_strict_without_a_warning(tmp_path):
     assert "WARNING" not in done.stderr, done.stderr
     pages = {p.stem for p in (ROOT / "docs").glob("*.md")}
     assert pages <= {p.stem for p in (tmp_path / "site").glob("*.html")}
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    anchors = re.findall(r"\]\(docs/([\w-]+)\.md#([\w-]+)\)", readme)
+    assert anchors, "the README links to sections of the docs pages"
+    missing = [f"docs/{page}.md#{anchor}" for page, anchor in anchors
+               if f'id="{anchor}"' not in (tmp_path / "site" / f"{page}.html").read_text(encoding="utf-8")]
+    assert missing == [], "README links to anchors the docs pages do not have"
 
 
 @pytest.mark.parametrize("broken", ["[x](concepts.md#no-such-anchor)", "[x](no-such-page.md)",
