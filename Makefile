@@ -7,7 +7,7 @@ TORCH  ?= torch==2.13.0
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo bench clean
+.PHONY: test demo docs bench clean
 
 # One line per step, so a first run is not a silent wait (torch alone is a large download); pip stays quiet.
 $(STAMP): pyproject.toml Makefile
@@ -28,9 +28,14 @@ demo: $(STAMP)
 	@echo "==> running examples/demo.py"
 	@$(BIN)/python examples/demo.py
 
+# The docs/ pages as a site in site/ (mkdocs-material); --strict: a broken link, anchor or a page missing
+# from mkdocs.yml's nav fails the build (tests/test_docs.py runs the same build).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py
 	$(BIN)/python benchmarks/plan_scale.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

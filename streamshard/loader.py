@@ -245,7 +245,7 @@ class StreamLoader:
       the loader moves the dataset to the next epoch itself (``set_epoch`` is still honoured:
       setting another epoch on the loader or the dataset starts that epoch from its beginning).
       Breaking out of the loop and iterating again continues where the loop stopped; a loaded
-      state is resumed by the next pass only (README, "Passes and epochs").
+      state is resumed by the next pass only (docs/concepts.md, "Passes and epochs").
     * ``len(loader)``: this rank's epoch in batches as frameworks count it (torchdata's
       ``StatefulDataLoader``, Lightning): the batches a loaded state says were consumed before, plus
       the pass's; constant through the epoch. ``batches_left()``: what is still to come.

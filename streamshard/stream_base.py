@@ -4,7 +4,7 @@ One checkpoint contract and one iteration protocol, written once. A subclass say
 order (``planner``, ``fingerprint``) and how to turn a worker's schedule into batches
 (``_deliver``); this class handles epochs, lengths, progress and states:
 
-* the pass/epoch model (README, "Passes and epochs"): a loaded state is *pending* until the first pass
+* the pass/epoch model (docs/concepts.md, "Passes and epochs"): a loaded state is *pending* until the first pass
   after the load uses it, and no later pass; ``set_epoch(e)`` starts a full pass of ``e`` unless a
   state for ``e`` is pending; a state saved after an epoch's last batch is the start of the next epoch.
 * ``state_dict()`` / ``load_state_dict(state)``: in a process that iterates the stream itself, the

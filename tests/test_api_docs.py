@@ -1,9 +1,9 @@
-"""The README's "Public API" table and the package agree: the same names, the same signatures.
+"""The "Public API" table of docs/api.md and the package agree: the same names, the same signatures.
 
 The table's first column holds the public names in backticks, with a signature where one is
 callable: ``Name(arg, arg=default, *, kw=default)`` (``Name.method(...)`` for a classmethod). A
 default shown as ``...`` means "has a default, value not shown". These tests compare that column
-with ``streamshard.__all__`` and ``inspect.signature``, so the README cannot drift from the code.
+with ``streamshard.__all__`` and ``inspect.signature``, so the docs cannot drift from the code.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ import pytest
 
 import streamshard
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-SHOWN = object()  # a README default written as `...`: some default, value not shown
+API_PAGE = Path(__file__).resolve().parents[1] / "docs" / "api.md"
+SHOWN = object()  # a default written as `...`: some default, value not shown
 REQUIRED = inspect.Parameter.empty
 
 
-def public_api_entries(readme: str) -> list[str]:
+def public_api_entries(page: str) -> list[str]:
     """The backticked spans of the first column of the table under the ``## Public API`` heading."""
-    section = readme.split("\n## Public API", 1)[1]
+    section = page.split("\n## Public API", 1)[1]
     entries = []
     for line in section.splitlines()[1:]:
         if line.startswith("#"):
@@ -43,14 +43,14 @@ def public_api_entries(readme: str) -> list[str]:
 def parse_entry(entry: str) -> tuple[str, str | None, str | None]:
     """``"Catalog.build(paths, x=None)"`` -> ``("Catalog", "build", "paths, x=None")``; no call -> None params."""
     match = re.fullmatch(r"([\w.]+?)(?:\.(\w+))?(?:\((.*)\))?", entry.strip())
-    assert match, f"cannot read the README entry {entry!r}"
+    assert match, f"cannot read the table entry {entry!r}"
     name, method, params = match.groups()
     if params is None and method is not None and name == "streamshard":  # a module: streamshard.testing
         return f"{name}.{method}", None, None
     return name, method, params
 
 
-def readme_parameters(params: str) -> list[tuple[str, Any, Any]]:
+def table_parameters(params: str) -> list[tuple[str, Any, Any]]:
     """``"a, b=1, *, c=..."`` -> ``[(name, kind, default)]`` as :mod:`inspect` names them."""
     args = ast.parse(f"def f({params}): pass").body[0].args
     P = inspect.Parameter
@@ -77,20 +77,20 @@ def _default(node: Any) -> Any:
 
 
 def signature_differences(target: Any, shown: list[tuple[str, Any, Any]]) -> list[str]:
-    """What the README's parameters get wrong about ``target``'s signature (empty if nothing)."""
+    """What the table's parameters get wrong about ``target``'s signature (empty if nothing)."""
     actual = [(p.name, p.kind, p.default) for p in inspect.signature(target).parameters.values()]
     problems = []
     if [(n, k) for n, k, _ in actual] != [(n, k) for n, k, _ in shown]:
-        problems.append(f"parameters {_render(actual)} but the README shows {_render(shown)}")
+        problems.append(f"parameters {_render(actual)} but the table shows {_render(shown)}")
         return problems
     for (name, _, real), (_, _, doc) in zip(actual, shown):
         if doc is SHOWN:
             if real is REQUIRED:
-                problems.append(f"{name} is required but the README gives it a default")
+                problems.append(f"{name} is required but the table gives it a default")
         elif doc is REQUIRED and real is not REQUIRED:
-            problems.append(f"{name} defaults to {real!r} but the README shows it as required")
+            problems.append(f"{name} defaults to {real!r} but the table shows it as required")
         elif doc is not REQUIRED and real != doc:
-            problems.append(f"{name} defaults to {real!r} but the README says {doc!r}")
+            problems.append(f"{name} defaults to {real!r} but the table says {doc!r}")
     return problems
 
 
@@ -105,19 +105,19 @@ def _render(params: list[tuple[str, Any, Any]]) -> str:
     return f"({', '.join(parts)})"
 
 
-def api_problems(readme: str) -> list[str]:
-    """Every disagreement between the README's Public API table and the package."""
-    entries = [parse_entry(e) for e in public_api_entries(readme)]
+def api_problems(page: str) -> list[str]:
+    """Every disagreement between the Public API table of docs/api.md and the package."""
+    entries = [parse_entry(e) for e in public_api_entries(page)]
     listed = {name for name, _, _ in entries}
     modules = {name for name in listed if name.startswith("streamshard.")}
     public = set(streamshard.__all__)
-    problems = [f"{n} is in streamshard.__all__ but not in the README table" for n in sorted(public - listed)]
-    problems += [f"{n} is in the README table but not in streamshard.__all__" for n in sorted(listed - public - modules)]
+    problems = [f"{n} is in streamshard.__all__ but not in the API table" for n in sorted(public - listed)]
+    problems += [f"{n} is in the API table but not in streamshard.__all__" for n in sorted(listed - public - modules)]
     for module in sorted(modules):
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            problems.append(f"{module} is in the README table but cannot be imported ({exc})")
+            problems.append(f"{module} is in the API table but cannot be imported ({exc})")
     for name, method, params in entries:
         if name in modules or not hasattr(streamshard, name):
             continue
@@ -129,12 +129,12 @@ def api_problems(readme: str) -> list[str]:
             target = getattr(target, method)
         if params is not None:
             label = f"{name}.{method}" if method else name
-            problems += [f"{label}: {p}" for p in signature_differences(target, readme_parameters(params))]
+            problems += [f"{label}: {p}" for p in signature_differences(target, table_parameters(params))]
     return problems
 
 
-def test_readme_public_api_table_lists_exactly_the_public_names_with_their_signatures():
-    assert api_problems(README.read_text(encoding="utf-8")) == []
+def test_the_public_api_table_lists_exactly_the_public_names_with_their_signatures():
+    assert api_problems(API_PAGE.read_text(encoding="utf-8")) == []
 
 
 # -- the checker itself ---------------------------------------------------------------------------
@@ -148,22 +148,22 @@ def test_the_checker_reads_signatures_kinds_and_defaults():
     def f(a, b=1, *args, c, d=None, **kw):  # noqa: ANN001, ANN002, ANN003 - a signature to compare
         pass
 
-    assert signature_differences(f, readme_parameters("a, b=1, *args, c, d=None, **kw")) == []
-    assert signature_differences(f, readme_parameters("a, b=..., *args, c, d=..., **kw")) == []
-    assert signature_differences(f, readme_parameters("a, b=2, *args, c, d=None, **kw")) == [
-        "b defaults to 1 but the README says 2"]
-    (wrong,) = signature_differences(f, readme_parameters("a, b=1, c=..., d=None"))
-    assert wrong == "parameters (a, b, *args, c, d, **kw) but the README shows (a, b, c, d)"
+    assert signature_differences(f, table_parameters("a, b=1, *args, c, d=None, **kw")) == []
+    assert signature_differences(f, table_parameters("a, b=..., *args, c, d=..., **kw")) == []
+    assert signature_differences(f, table_parameters("a, b=2, *args, c, d=None, **kw")) == [
+        "b defaults to 1 but the table says 2"]
+    (wrong,) = signature_differences(f, table_parameters("a, b=1, c=..., d=None"))
+    assert wrong == "parameters (a, b, *args, c, d, **kw) but the table shows (a, b, c, d)"
 
 
 @pytest.mark.parametrize("table, problem", [
     ("| `Permutation(n, seed)` | x |",
-     "mix_seed is in streamshard.__all__ but not in the README table"),
+     "mix_seed is in streamshard.__all__ but not in the API table"),
     ("| `Permutation(n, seed)`, `NoSuchThing` | x |",
-     "NoSuchThing is in the README table but not in streamshard.__all__"),
+     "NoSuchThing is in the API table but not in streamshard.__all__"),
     ("| `Permutation(n, seed, extra=1)` | x |",
-     "Permutation: parameters (n, seed) but the README shows (n, seed, extra)"),
+     "Permutation: parameters (n, seed) but the table shows (n, seed, extra)"),
 ])
 def test_the_checker_names_what_drifted(table, problem):
-    readme = f"# x\n\n## Public API\n\n| name | what it is |\n| --- | --- |\n{table}\n\n## Next\n"
-    assert problem in api_problems(readme)
+    page = f"# x\n\n## Public API\n\n| name | what it is |\n| --- | --- |\n{table}\n\n## Next\n"
+    assert problem in api_problems(page)

@@ -221,7 +221,7 @@ def test_without_elastic_resume_lightning_cuts_a_resume_onto_more_devices_short(
     plain = run_job(corpus, tmp_path / "job", 3, "--resume", str(checkpoint), "--plain")
     trained = epoch_ids(preempted, plain, epoch=0)
     assert len(np.unique(trained)) == len(trained), "nothing repeated"
-    assert ROWS - len(trained) == 40, f"{ROWS - len(trained)} rows of epoch 0 never trained (README: 40)"
+    assert ROWS - len(trained) == 40, f"{ROWS - len(trained)} rows of epoch 0 never trained (the docstring: 40)"
 
 
 @pytest.mark.parametrize("kind, devices", [("steps", 2), ("epochs", 2), ("steps", 1)])

@@ -1,4 +1,4 @@
-"""The pass/epoch model (README, "Passes and epochs"), the same for every entry point.
+"""The pass/epoch model (docs/concepts.md, "Passes and epochs"), the same for every entry point.
 
 * A state saved after the last batch of epoch e resumes at the start of e + 1.
 * A loaded state applies to the first pass after the load, and to no other.
@@ -53,7 +53,7 @@ def test_a_state_saved_on_an_epochs_last_batch_resumes_at_the_next_epoch(skewed_
     resumed.load_state_dict(state)
     assert resumed.epoch == 1 and len(resumed) == len(first)
     trained = []
-    for epoch in range(resumed.epoch, 2):  # the README loop: set_epoch, then the pass
+    for epoch in range(resumed.epoch, 2):  # the documented loop: set_epoch, then the pass
         resumed.set_epoch(epoch)
         trained.append(real(list(resumed)))
     assert real(head) == epochs[0] and trained == [epochs[1]], "each epoch exactly once, in its own order"

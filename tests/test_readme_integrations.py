@@ -1,9 +1,10 @@
-"""The README's Integrations snippets run as written (with ``"data/"`` pointing at a generated corpus).
+"""The snippets of docs/integrations.md run as written (with ``"data/"`` pointing at a generated corpus).
 
-Each ``python`` block under ``## Integrations`` is preceded by ``<!-- readme-test: LAUNCH -->``:
+Each ``python`` block of a framework's section is preceded by ``<!-- readme-test: LAUNCH -->``:
 ``python`` runs the snippet as a script, ``torchrun N`` under torchrun with N processes (gloo, CPU).
-The framework tests named in the README drive the same code through preemption and resumes; this
-file only proves the snippets themselves work, so the README cannot drift from what runs.
+The framework tests named on that page drive the same code through preemption and resumes; this
+file only proves the snippets themselves work, so the docs cannot drift from what runs (the README
+links each framework to its section there).
 """
 
 from __future__ import annotations
@@ -19,15 +20,14 @@ from launch import check, launch
 
 pytestmark = pytest.mark.slow  # subprocesses: run by make test, skippable with -m "not slow"
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "integrations.md"
 MARKER = re.compile(r"<!-- readme-test: ([^>]+?) -->\n```python\n(.*?)```", re.S)
 
 
 def snippets() -> list[tuple[str, str, str]]:
-    """(heading, launch, code) of every marked block of the Integrations section."""
-    section = README.read_text().split("\n## Integrations", 1)[1].split("\n## ", 1)[0]
+    """(heading, launch, code) of every marked block of the page, by its ``##`` section."""
     found = []
-    for part in re.split(r"\n### ", section)[1:]:
+    for part in re.split(r"\n## ", PAGE.read_text())[1:]:
         heading = part.splitlines()[0].replace("`", "").strip()
         found.extend((heading, launch, code) for launch, code in MARKER.findall(part))
     return found

@@ -1,4 +1,4 @@
-"""Steering a run (README, "Steering a run"): skip batches, watch data stalls, trace a step to its rows.
+"""Steering a run (docs/steering.md): skip batches, watch data stalls, trace a step to its rows.
 
 * ``loader.skip(n)``: the state afterwards is the state of a run that iterated those ``n`` batches,
   the next batches are that run's next batches, nothing of the skipped ones is read, and it holds
@@ -302,14 +302,14 @@ def test_a_packed_stream_says_it_cannot_name_a_steps_documents(tmp_path):
         packed.step_sample_ids(0)
 
 
-def test_the_readme_tensorboard_snippet_logs_the_stats(skewed_corpus, tmp_path, monkeypatch):
+def test_the_docs_tensorboard_snippet_logs_the_stats(skewed_corpus, tmp_path, monkeypatch):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    snippet = readme.split("<!-- stats-tensorboard -->\n```python\n", 1)[1].split("```", 1)[0]
+    page = (Path(__file__).resolve().parents[1] / "docs" / "steering.md").read_text()
+    snippet = page.split("<!-- stats-tensorboard -->\n```python\n", 1)[1].split("```", 1)[0]
     monkeypatch.chdir(tmp_path)
     loader = loader_of(skewed_corpus, "threads", 2, batch_size=1)  # more than 100 steps
-    exec(compile(snippet, "README.md", "exec"), {"loader": loader})
+    exec(compile(snippet, "docs/steering.md", "exec"), {"loader": loader})
     events = EventAccumulator(str(tmp_path / "runs" / "data"))
     events.Reload()
     rows = events.Scalars("data/rows")
