@@ -764,9 +764,10 @@ def _footer_from_metadata(
     if columns is not None:
         missing = [c for c in columns if schema.get_field_index(c) < 0]
         if missing:
-            raise CatalogError(
-                f"{url}: column(s) {missing} not found; the file has columns {schema.names}"
-            )
+            in_path = [c for c in missing if f"/{c}=" in url]  # a Hive key read with partitioning=None
+            hint = (f"; {in_path} {'is a partition key' if len(in_path) == 1 else 'are partition keys'} in the "
+                    "file's path: pass partitioning='hive' to read it as a column") if in_path else ""
+            raise CatalogError(f"{url}: column(s) {missing} not found; the file has columns {schema.names}{hint}")
         schema = pa.schema([schema.field(c) for c in columns])
     schema = _interned(schema)
     rows = np.array(

@@ -110,6 +110,9 @@ def test_partitioning_none_reads_no_keys(tmp_path):
     _write_pyarrow(tmp_path / "t")
     catalog = ss.Catalog.build(str(tmp_path / "t"), partitioning=None)
     assert catalog.columns == ["x"] and catalog.partition_keys == []
+    with pytest.raises(ss.CatalogError, match=r"\['year'\] not found.*\['year'\] is a partition key in the file's "
+                                              r"path: pass partitioning='hive'"):
+        ss.Catalog.build(str(tmp_path / "t"), ["x", "year"], partitioning=None)
     with pytest.raises(ValueError, match="partitioning"):
         ss.ParquetStream(str(tmp_path / "t"), partitioning="directory")
 
