@@ -593,8 +593,29 @@ def _read_footers(
 
     if len(files) <= 1 or max_concurrency <= 1:
         return [one(entry) for entry in files]
-    # Each thread takes the next file until none is left: one task per thread, not per file (100,000
-    # submitted futures cost more in lock contention than the local footer reads themselves).
+    # A synchronous store (a local disk, a mount) that answers from memory makes a footer read pure
+    # Python: threads then only contend for the GIL (20,000 page-cached local footers: 4.1 s in one
+    # thread, 8.2 s in 2, 10.8 s in 64). So the first few are read in this thread, timed, and the rest
+    # go to threads only if those reads waited on I/O (a network mount, a cold disk) more than computed.
+    wall, cpu = time.perf_counter(), time.thread_time()
+    head = [one(entry) for entry in files[:_PROBE_FILES]]
+    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    rest = files[len(head):]
+    if wall < _WAITED * cpu:
+        return head + [one(entry) for entry in rest]
+    return head + _read_in_threads(rest, one, failed, max_concurrency)
+
+
+_PROBE_FILES = 32  # footers read in the calling thread to tell a cached store from one that waits
+_WAITED = 2.0  # wall time over CPU time above which those reads waited on I/O: threads pay off
+
+
+def _read_in_threads(files: Sequence[FileEntry], one: Callable[[FileEntry], FileFooter], failed: threading.Event,
+                     max_concurrency: int) -> list[FileFooter]:
+    """``one`` of every file in ``max_concurrency`` threads; the first failure in URL order is raised.
+
+    Each thread takes the next file until none is left: one task per thread, not per file (100,000
+    submitted futures cost more in lock contention than the footer reads themselves)."""
     results: list[Any] = [None] * len(files)
     errors: dict[int, BaseException] = {}
     next_index = itertools.count()
