@@ -49,7 +49,8 @@ if what == "listing":
 else:
     count = len(ss.Catalog.build(path, distributed=False, cache_dir=cache if what == "warm" else None).urls)
 print(json.dumps({"files": count, "wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu,
-                  "peak_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024}))
+                  "peak_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024,
+                  "streamshard": os.path.dirname(os.path.dirname(ss.__file__))}))
 """
 
 
@@ -68,11 +69,15 @@ def write_files(directory: Path, count: int) -> None:
 
 def run(tree: Path, what: str, path: Path, cache: Path) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    # Run in the tree: `python -c` puts the working directory first on sys.path, ahead of PYTHONPATH.
     done = subprocess.run([sys.executable, "-c", JOB, what, str(path), str(cache)], capture_output=True, text=True,
-                          env=env, check=False)
+                          env=env, cwd=str(tree), check=False)
     if done.returncode != 0:
         raise SystemExit(f"{what} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if Path(result["streamshard"]).resolve() != tree:
+        raise SystemExit(f"measured {result['streamshard']}, not the tree {tree}")
+    return result
 
 
 def main() -> None:
