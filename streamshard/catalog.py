@@ -601,6 +601,8 @@ def _read_footers(
     head = [one(entry) for entry in files[:_PROBE_FILES]]
     wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
     rest = files[len(head):]
+    if not rest:
+        return head
     if wall < _WAITED * cpu:
         return head + [one(entry) for entry in rest]
     return head + _read_in_threads(rest, one, failed, max_concurrency)

@@ -282,18 +282,18 @@ class ThreadRecordingFileSystem(LocalFileSystem):
         return super().cat_file(path, start=start, end=end, **kwargs)
 
 
-@pytest.mark.parametrize("delay, threaded", [(0.0, False), (0.01, True)])
-def test_footers_are_read_in_threads_only_when_the_store_makes_reads_wait(tmp_path, delay, threaded):
+@pytest.mark.parametrize("delay, files, threaded", [(0.0, 80, False), (0.01, 80, True), (0.01, 20, False)])
+def test_footers_are_read_in_threads_only_when_the_store_makes_reads_wait(tmp_path, delay, files, threaded):
     """Footers a store answers from memory are read in the calling thread (threads only contend for the
     GIL: 20,000 cached local footers took 10.8 s in 64 threads, 4.1 s in one); a store whose reads wait
     (a network mount) gets the threads."""
     fsspec.register_implementation("fthreads", ThreadRecordingFileSystem, clobber=True)
-    write_corpus(str(tmp_path / "data"), [[3]] * 80)
+    write_corpus(str(tmp_path / "data"), [[3]] * files)  # 20: all read before threads would start
     ThreadRecordingFileSystem.delay, ThreadRecordingFileSystem.threads = delay, set()
     try:
         catalog = Catalog.build(f"fthreads://{tmp_path / 'data'}", max_concurrency=8, distributed=False)
     finally:
         ThreadRecordingFileSystem.delay = 0.0
-    assert catalog.num_rows == 240
+    assert catalog.num_rows == 3 * files
     used = ThreadRecordingFileSystem.threads
     assert (len(used) > 1) == threaded and (threading.get_ident() in used), used
