@@ -15,6 +15,6 @@ echo "== device-copy benchmark"
 timeout 200 python3 benchmarks/device_copy.py --rows 32768 --seq 4096 --batch 128 --workers 4 --step-ms 10 \
     --out "$OUT/device_copy.json" 2>&1 | tee "$OUT/device_copy.log"
 echo "== loader tests with CUDA present"
-timeout 200 python3 -m pytest -q -p no:cacheprovider -n 8 -x tests/test_prefetch.py tests/test_handoff.py \
+timeout 200 python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_prefetch.py tests/test_handoff.py \
     tests/test_dataset.py tests/test_resume.py tests/test_sampler_loader.py tests/test_plain_dataloader.py \
     tests/test_thread_workers.py tests/test_pass_model.py 2>&1 | tail -40 | tee "$OUT/loader_tests.log"
