@@ -28,7 +28,7 @@ lost), and the first such batch of a worker carries a warning to the training pr
 ``/dev/shm`` and the remedies. Before its first slot a worker compares what its slots will likely
 need with ``/dev/shm``'s free space and warns the same way when it will not fit. A value of the batch
 that cannot be pickled, or a pipe copy that fails too, becomes a :class:`HandOffError` raised in the
-training loop.
+training loop (unpickled as DataLoader's own exception carrier, which its pin-memory thread passes on).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from __future__ import annotations
 import copy
 import os
 import pickle
+import sys
 import threading
 import warnings
 import weakref
@@ -45,6 +46,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch._utils import ExceptionWrapper  # what DataLoader's workers send an exception in
 from torch.utils.data import get_worker_info
 
 from .errors import HandOffError
@@ -302,7 +304,15 @@ def _from_segment(segment: torch.Tensor, layout: list[tuple[Any, ...]], others: 
 
 
 def _raise_hand_off(message: str) -> Any:
-    raise HandOffError(message)
+    """Unpickled in the training process: the error in DataLoader's own carrier of worker exceptions.
+    A pin-memory thread (``pin_memory=True``, StreamLoader's default on a CUDA machine) unpickles the
+    batch first and passes a carrier on untouched; an exception raised there instead killed that
+    thread, and the loop saw only "pin memory thread exited unexpectedly". The loop re-raises it as a
+    :class:`HandOffError`, with or without that thread."""
+    try:
+        raise HandOffError(message)
+    except HandOffError:
+        return ExceptionWrapper(sys.exc_info(), where="in a DataLoader worker process's hand-off")
 
 
 def _show(warning: str | None) -> None:

@@ -35,7 +35,9 @@ def stream(path):
 
 
 LOADERS = {
-    "StreamLoader processes": lambda ds, **kw: ss.StreamLoader(ds, num_workers=2, workers="processes", **kw),
+    # pin_memory=False: the hand-off itself (on a CUDA machine pinning is the default, and copies each batch)
+    "StreamLoader processes": lambda ds, **kw: ss.StreamLoader(ds, num_workers=2, workers="processes",
+                                                               **{"pin_memory": False, **kw}),
     "plain DataLoader": lambda ds, **kw: DataLoader(ds, batch_size=None, num_workers=2, **kw),
 }
 
@@ -162,6 +164,18 @@ def test_cuda_batches_arrive_on_the_device_with_the_same_values(tmp_path):
     assert same_batches(cpu, reference)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("make", LOADERS.values(), ids=LOADERS.keys())
+def test_cuda_pinned_batches_leave_their_slots_with_the_same_values(tmp_path, make):
+    """pin_memory=True (StreamLoader's default on a CUDA machine): the pin thread copies each batch out of
+    its slot; the copies are pinned, right, and the slots recycle."""
+    path = corpus(tmp_path)
+    reference = in_process(path)
+    got = list(make(stream(path), pin_memory=True))
+    assert all(v.is_pinned() for b in got for v in b.values() if isinstance(v, torch.Tensor))
+    assert same_batches(got, reference)
+
+
 @pytest.mark.parametrize("make", LOADERS.values(), ids=LOADERS.keys())
 def test_fresh_worker_processes_every_pass_never_read_a_stale_slot_mapping(tmp_path, make):
     """Without persistent workers each pass forks new workers whose slot buffers are new: the main
@@ -226,6 +240,17 @@ def test_a_batch_value_that_cannot_be_pickled_is_an_error_in_the_loop_naming_its
     ds = ss.ParquetStream(path, batch_size=32, rank=0, world_size=1, transform=_with_unpicklable)
     with pytest.raises(ss.HandOffError, match="'handle'.*not today"):
         next(iter(ss.StreamLoader(ds, num_workers=1, workers="processes", timeout=60)))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("make", LOADERS.values(), ids=LOADERS.keys())
+def test_cuda_an_unpicklable_value_is_an_error_in_the_loop_behind_the_pin_memory_thread(tmp_path, make):
+    """Before: the pin-memory thread unpickled the batch, raised, and died; the loop saw a RuntimeError."""
+    path = corpus(tmp_path)
+    ds = ss.ParquetStream(path, batch_size=32, rank=0, world_size=1, transform=_with_unpicklable)
+    ds.set_epoch(0)
+    with pytest.raises(ss.HandOffError, match="'handle'.*not today"):
+        next(iter(make(ds, pin_memory=True, timeout=60)))
 
 
 SMALL_SHM_JOB = """
