@@ -7,6 +7,9 @@ module of ``streamshard`` with ``ast``, module-level and function-level imports 
 still a dependency), then checks:
 
 - every module of the package has a row with a layer, and every row names a module that exists;
+- the folders show the layers: every module lives in a layer folder (``plan/`` and ``format/`` pure, ``io/``
+  I/O, ``convert/``, ``streams/`` and ``loader/`` torch) or an edge subpackage, and none is less pure than its
+  folder;
 - ``pure`` modules import no torch (or torch-based frameworks), no storage clients (fsspec, s3fs, gcsfs,
   obstore, deltalake, botocore), no stdlib modules that do process or network I/O, and no streamshard
   module whose layer is not ``pure``; numpy and pyarrow are allowed (``decoded_size`` reads footers' sizes
@@ -30,10 +33,17 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "streamshard"
 API_DOC = ROOT / "docs" / "api.md"
 
-# Units: a top-level module is "name.py"; a subpackage is one unit, "name/".
+# Units: a module is its path under streamshard/ ("plan/epoch_plan.py", "errors.py"); an edge subpackage
+# (the cache, the command line, the integrations, the test helpers) is one unit, "name/".
 SUBPACKAGES = ("cache", "cli", "integrations", "testing")
-# Not in the table on purpose: the package's re-exports and ``python -m streamshard``.
-ENTRY_POINTS = {"__init__.py": "library", "__main__.py": "cli"}
+# The layer subpackages: the folder says the layer. A module in it may be purer than its folder, never less
+# pure (pure < I/O < torch); a new folder needs a layer here and a line in docs/api.md.
+FOLDER_LAYERS = {"plan": "pure", "format": "pure", "io": "I/O", "convert": "torch", "streams": "torch",
+                 "loader": "torch"}
+ORDER = {"pure": 0, "i/o": 1, "torch": 2}
+# Not in the table on purpose: the package's re-exports, ``python -m streamshard``, the folders' docstrings.
+ENTRY_POINTS = {"__init__.py": "library", "__main__.py": "cli",
+                **{f"{folder}/__init__.py": layer for folder, layer in FOLDER_LAYERS.items()}}
 EDGE_UNITS = {"cli/", "testing/", "__main__.py"}  # what may import the library, never imported by it
 
 TORCH = {"torch", "lightning", "pytorch_lightning", "accelerate", "transformers"}
@@ -43,22 +53,12 @@ OS_IO = {"socket", "subprocess", "fcntl", "tempfile", "shutil", "http", "multipr
 
 # (module unit, imported name) -> why the rule is broken today. Keep short; each must still be needed.
 KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("topology.py", "torch"): (
+    ("plan/topology.py", "torch"): (
         "pure arithmetic of rank/world/worker, but it must ask torch.distributed and the DataLoader "
         "worker info where the process stands; both imports are inside the functions that ask"),
-    ("errors.py", "streamshard.storage"): (
+    ("errors.py", "streamshard.io.storage"): (
         "every error redacts the credentials storage knows of (storage.REDACTION); imported inside "
         "__init__ because storage imports the errors through retry"),
-    ("delivery.py", "torch"): (
-        "the delivery engine is where reads become tensors: it converts each read once and gathers "
-        "batches (docs/api.md: 'I/O is in the reader and the delivery engine'); its row says I/O"),
-    ("delivery.py", "streamshard.batches"): "as delivery.py -> torch: it builds the torch batches",
-    ("delivery.py", "streamshard.gather"): ("as delivery.py -> torch: it gathers the torch batches",),
-    ("delivery.py", "streamshard.tensors"): "as delivery.py -> torch: it converts reads to tensors",
-    ("text_counts.py", "streamshard.cli"): (
-        "the counting pass shows cli.progress's terminal bar; imported inside the function so that "
-        "importing the package does not import the command line. Moving progress.py out of cli/ "
-        "(a module move, issue 28 item 1) removes this"),
 }
 
 
@@ -94,12 +94,14 @@ def layer_of_unit() -> dict[str, str]:
 
 
 def package_units() -> dict[str, list[Path]]:
-    """Unit name -> its files: each top-level module, each subpackage as one unit."""
+    """Unit name -> its files: each module (top level or in a layer folder), each edge subpackage as one."""
     units: dict[str, list[Path]] = {}
-    for path in sorted(PACKAGE.glob("*.py")):
-        units[path.name] = [path]
-    for sub in sorted(p for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()):
-        units[sub.name + "/"] = sorted(sub.rglob("*.py"))
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if rel.parts[0] in SUBPACKAGES:
+            units.setdefault(rel.parts[0] + "/", []).append(path)
+        else:
+            units[rel.as_posix()] = [path]
     return units
 
 
@@ -124,23 +126,30 @@ def imports_of(path: Path) -> set[str]:
             else:
                 target = node.module or ""
             found.add(target)
-            for alias in node.names:  # "from . import catalog" imports the module streamshard.catalog
+            for alias in node.names:  # "from . import catalog" imports the module streamshard.io.catalog
                 if (ROOT / target.replace(".", "/")).is_dir():
                     found.add(f"{target}.{alias.name}")
     return found
 
 
 def _unit_of_dotted(name: str) -> str | None:
-    """streamshard.x.y -> its unit ("x.py" or "x/"); None for the package itself or non-modules."""
+    """streamshard.x.y -> its unit ("x/y.py", "x/__init__.py", "x.py" or an edge "x/"); None otherwise."""
     parts = name.split(".")
     if parts[0] != "streamshard" or len(parts) < 2:
         return None
-    head = parts[1]
-    if (PACKAGE / head).is_dir():
-        return head + "/"
-    if (PACKAGE / f"{head}.py").exists():
-        return f"{head}.py"
+    if parts[1] in SUBPACKAGES:
+        return parts[1] + "/"
+    path = PACKAGE.joinpath(*parts[1:])
+    if path.is_dir():
+        return "/".join(parts[1:]) + "/__init__.py"
+    if path.with_suffix(".py").exists():
+        return "/".join(parts[1:]) + ".py"
     return None
+
+
+def _key(target: str) -> str:
+    """A unit as the dotted name an exception lists: "io/storage.py" -> "streamshard.io.storage"."""
+    return "streamshard." + target.removesuffix(".py").removesuffix("/__init__").rstrip("/").replace("/", ".")
 
 
 def _matches(imported: str, names: set[str]) -> str | None:
@@ -159,6 +168,12 @@ def violations() -> tuple[list[str], set[tuple[str, str]]]:
     for unit in units:
         if unit not in table and unit not in ENTRY_POINTS:
             problems.append(f"{unit}: no row in docs/api.md's Layout table (add it with its layer)")
+        folder = unit.split("/")[0] if "/" in unit and unit.split("/")[0] not in SUBPACKAGES else None
+        if folder is not None and folder not in FOLDER_LAYERS:
+            problems.append(f"{folder}/: a folder of streamshard without a layer (FOLDER_LAYERS, docs/api.md)")
+        elif folder is not None and unit in table:
+            if ORDER.get(table[unit].lower(), 3) > ORDER[FOLDER_LAYERS[folder].lower()]:
+                problems.append(f"{unit}: layer {table[unit]} in the {FOLDER_LAYERS[folder]} folder {folder}/")
     for unit in table:
         if unit not in units:
             problems.append(f"docs/api.md Layout names {unit}, which is not a module of streamshard")
@@ -171,6 +186,8 @@ def violations() -> tuple[list[str], set[tuple[str, str]]]:
 
     for unit, files in units.items():
         layer = table.get(unit, ENTRY_POINTS.get(unit, "")).lower()
+        if unit.endswith("/__init__.py") and imports_of(files[0]) - {"__future__"}:
+            problems.append(f"{unit}: a layer folder's __init__ holds its docstring only (no imports)")
         for path in files:
             rel = path.relative_to(ROOT)
             for imported in sorted(imports_of(path)):
@@ -193,13 +210,13 @@ def violations() -> tuple[list[str], set[tuple[str, str]]]:
                     elif _matches(imported, OS_IO):
                         broken(unit, rel, imported, _matches(imported, OS_IO), "a pure module does no OS or network I/O")
                     elif target and target != unit and target_layer != "pure" and target not in ("cli/", "testing/"):
-                        broken(unit, rel, imported, "streamshard." + target.removesuffix(".py").rstrip("/"),
+                        broken(unit, rel, imported, _key(target),
                                f"a pure module imports only pure modules ({target} is {shown})")
                 elif layer == "i/o":
                     if top in TORCH:
                         broken(unit, rel, imported, top, "an I/O module imports no torch (I/O imports no tensors)")
                     elif target and target_layer == "torch":
-                        broken(unit, rel, imported, "streamshard." + target.removesuffix(".py").rstrip("/"),
+                        broken(unit, rel, imported, _key(target),
                                f"an I/O module imports no torch-layer module ({target} is torch)")
     return problems, used_exceptions
 
@@ -218,6 +235,14 @@ def test_table_layers_are_known() -> None:
 
 def test_imports_are_read_wherever_they_are() -> None:
     """The parser sees a function-level import and resolves relative ones (what the lazy exceptions rely on)."""
-    module = PACKAGE / "text_counts.py"
-    assert "streamshard.cli.progress" in imports_of(module)
-    assert "torch.distributed" in imports_of(PACKAGE / "topology.py")
+    assert "streamshard.progress" in imports_of(PACKAGE / "io" / "text_counts.py")
+    assert "torch.distributed" in imports_of(PACKAGE / "plan" / "topology.py")
+    assert "streamshard.io.collective" in imports_of(PACKAGE / "io" / "catalog.py")  # from . import collective
+
+
+def test_folders_show_the_layers() -> None:
+    """Every module of the library lives in a layer folder, but the package's own few (errors, progress)."""
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert top == ["__init__.py", "__main__.py", "errors.py", "progress.py"], top
+    folders = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    assert folders == sorted([*FOLDER_LAYERS, *SUBPACKAGES]), folders
