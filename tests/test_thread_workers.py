@@ -202,3 +202,37 @@ def test_the_workers_start_together_so_their_first_reads_overlap():
     assert got == [(0, 0)]
     got = [(b["w"], b["i"]) for b in round_robin([worker(0, 2), worker(1, 0), worker(2, 3)], depth=2)]
     assert got == [(0, 0), (2, 0), (0, 1), (2, 1), (2, 2)]
+
+
+def test_a_loop_abandoned_and_collected_on_the_producer_thread_stops_cleanly():
+    """Before: 'cannot join current thread' (an unraisable error) and the pass stayed listed as running."""
+    import gc
+
+    from streamshard.loader import thread_workers
+
+    abandoned, errors, released = [], [], threading.Event()
+
+    def source():
+        yield {"x": 1}
+        assert released.wait(10)
+        abandoned.clear()  # the last reference to the loop's generator goes, on the producer thread,
+        gc.collect()  # and a collection there finds its cycle
+        yield {"x": 2}
+
+    hook, sys.unraisablehook = sys.unraisablehook, errors.append
+    try:
+        before = len(thread_workers._running)
+        loop = thread_workers.round_robin([source()], depth=1)
+        cycle = [loop]
+        cycle.append(cycle)
+        abandoned.append(cycle)
+        assert next(loop) == {"x": 1}
+        del loop, cycle
+        released.set()
+        deadline = time.monotonic() + 10
+        while len(thread_workers._running) > before and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        sys.unraisablehook = hook
+    assert not errors, [str(e.exc_value) for e in errors]
+    assert len(thread_workers._running) == before, "the abandoned pass is still listed as running"

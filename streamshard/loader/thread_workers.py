@@ -170,6 +170,9 @@ def round_robin(passes: list[Iterator[Any]], depth: int, timeout: float = 0) -> 
                 yield batch
     finally:
         stop.set()
-        thread.join(timeout=30)
+        # An abandoned loop's generator can be collected by a garbage collection that runs on the
+        # producer thread itself (its allocations trigger it too): that thread stops on its own.
+        if thread is not threading.current_thread():
+            thread.join(timeout=30)
         with _running_lock:
             _running.discard(running)
