@@ -58,6 +58,7 @@ from .storage import (
     file_version,
     if_match_etag,
     is_async,
+    object_exists,
     short_read_error,
     timeout_kw,
 )
@@ -499,25 +500,36 @@ def _info_and_listing(fs: Any, root: str, until: float) -> tuple[Any, Any]:
     store (an object store), its recursive listing from the same round of requests (or the exception);
     else None for the listing.
 
-    On S3 ``info`` of a prefix is a HEAD and a one-key listing; the listing the catalog then needs came a
-    round trip later. Both are asked at once here (behind 20 ms of latency, a restarted job's catalog
-    lists its directory in one round instead of two or three). A name with a dot in its last part is
-    taken for a file and listed only if it turns out to be a directory: a wrong guess costs one request.
+    On S3 ``info`` of a prefix is a HEAD and then a one-key listing, and the listing the catalog needs
+    came a round trip after that. Here the HEAD alone (``storage.object_exists``; ``info`` where the store
+    has none) and the listing go out at once: no object under the name and keys below it make a
+    directory, in one round trip instead of three. Any other answer (an object, nothing, an error) is
+    ``info``'s to give, as before. A name with a dot in its last part is taken for a file and listed
+    only if it turns out to be a directory: a wrong guess costs one request.
     """
+    def plain_info() -> Any:
+        try:
+            return fs.info(root, **timeout_kw(fs, until - time.monotonic()))
+        except FileNotFoundError as exc:
+            return exc
+
     looks_like_directory = root.endswith("/") or "." not in root.rstrip("/").rsplit("/", 1)[-1]
     if not (is_async(fs) and looks_like_directory and hasattr(fs, "_find") and getattr(fs, "loop", None)):
-        try:
-            return fs.info(root, **timeout_kw(fs, until - time.monotonic())), None
-        except FileNotFoundError as exc:
-            return exc, None
+        return plain_info(), None
+
+    async def head_or_info() -> Any:
+        exists = await object_exists(fs, root)
+        return await fs._info(root) if exists is None else exists
 
     async def both() -> list[Any]:
-        return await asyncio.gather(fs._info(root), fs._find(root, detail=True), return_exceptions=True)
+        return await asyncio.gather(head_or_info(), fs._find(root, detail=True), return_exceptions=True)
 
-    info, listed = fsspec.asyn.sync(fs.loop, both, timeout=max(until - time.monotonic(), 0.001))
-    if isinstance(info, BaseException) and not isinstance(info, FileNotFoundError):
-        raise info
-    return info, listed
+    exists, listed = fsspec.asyn.sync(fs.loop, both, timeout=max(until - time.monotonic(), 0.001))
+    below = root.rstrip("/") + "/"
+    if exists is False and isinstance(listed, dict) and listed and all(name.startswith(below) for name in listed):
+        return {"name": root.rstrip("/"), "size": 0, "type": "directory"}, listed
+    info = exists if isinstance(exists, dict) else plain_info()
+    return info, listed if isinstance(info, dict) and info.get("type") == "directory" else None
 
 
 def _refuse_delta_table(fs: Any, directory: str, found: dict[str, Any]) -> None:

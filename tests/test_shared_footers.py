@@ -127,6 +127,27 @@ def test_a_new_catalog_in_the_same_process_lists_and_reads_only_the_footers_of_c
             every_row(first, options)
 
 
+@pytest.mark.parametrize("backend", ["s3fs", "obstore"])
+def test_an_s3_directory_is_listed_in_one_round_of_requests(backend, seaweedfs, tmp_path):
+    # info() of a prefix is a HEAD and then a one-key listing, and the catalog's listing came after it:
+    # three requests one after another. Now the HEAD and the listing go out together: two requests.
+    if backend == "obstore":
+        pytest.importorskip("obstore")
+    write_corpus(str(tmp_path / "data"), [[30], [40]])
+    url = seaweedfs.upload(str(tmp_path / "data"), "shared-footers", f"listed-{tmp_path.name}")
+    with faulty_proxy(seaweedfs.endpoint_url) as proxy:
+        options = via(proxy, seaweedfs)
+        if backend == "obstore":
+            options["backend"] = "obstore"
+        SHARED_FOOTERS.clear()
+        catalog = Catalog.build(url, ["id"], options)
+        assert catalog.rg_rows.tolist() == [30, 40]
+        assert proxy.count("GET", ".parquet") == 2  # the footers
+        assert proxy.count() - proxy.count("GET", ".parquet") == 2  # one HEAD, one listing
+        with pytest.raises(ss.CatalogError, match="does not exist"):
+            Catalog.build(f"{url}-missing", ["id"], options)
+
+
 def test_a_files_footer_is_fetched_once_per_process_across_passes_and_thread_workers(seaweedfs, tmp_path):
     write_corpus(str(tmp_path), [[300, 300], [200, 200, 200], [250]])
     url = seaweedfs.upload(str(tmp_path), "shared-footers", f"once-{tmp_path.name}")
