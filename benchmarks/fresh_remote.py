@@ -12,6 +12,9 @@ loader in a running job). Configurations, interleaved round by round (best of ``
 * ``s3``: the same files on SeaweedFS behind the 20 ms latency proxy (in its own process), s3fs;
 * ``s3 cached``: the same with ``catalog_cache=`` a directory the previous run of this
   configuration filled (a restarted job that keeps its cache; the first, filling run is not kept);
+* ``s3 client started``: as ``s3``, with the S3 client started before the clock (its imports and
+  botocore's models loaded, one request made to another key): the restart's cost without the
+  client's own start-up;
 * ``obstore`` variants with ``--backends fsspec,obstore``.
 
 Prints a table (rows/s, x local, first batch, requests by kind as the proxy saw them) and writes
@@ -48,11 +51,17 @@ SAME_PROCESS = 2
 
 
 def child(task: dict[str, Any]) -> None:
-    """Run the epochs of ``task`` (a restart, then ``same_process`` fresh loaders), one JSON line each;
-    between the first and the rest, wait for a line on stdin (the parent reads the proxy's counters)."""
+    """Run the epochs of ``task`` (a restart, then ``same_process`` fresh loaders), one JSON line each; before
+    the first and before the rest, wait for a line on stdin (the parent zeroes, then reads the proxy's counters)."""
     import streamshard as ss  # noqa: F401 - imports before the clock: a restarted job has them too
     from streamshard.dataset import ParquetStream
     from streamshard.loader import StreamLoader
+
+    if task.get("client_started"):  # the S3 client's start-up (imports, botocore's models) paid before the clock
+        from streamshard.storage import FileSystems
+
+        fs, root = FileSystems(task["options"]).resolve(task["paths"])
+        fs.exists(root.split("/", 1)[0] + "/no-such-key")
 
     def epoch() -> dict[str, Any]:
         started = time.perf_counter()
@@ -74,6 +83,8 @@ def child(task: dict[str, Any]) -> None:
             raise RuntimeError(f"the epoch delivered {rows} rows (id sum {id_sum}); expected each of {total} once")
         return {"rows": rows, "seconds": seconds, "rows_per_s": rows / seconds, "first_batch_s": first}
 
+    print(json.dumps("ready"), flush=True)  # the parent zeroes the proxy's counters, then says go
+    sys.stdin.readline()
     print(json.dumps(epoch()), flush=True)
     sys.stdin.readline()
     print(json.dumps([epoch() for _ in range(task["same_process"])]), flush=True)
@@ -90,8 +101,12 @@ def run_child(task: dict[str, Any], proxy) -> dict[str, Any]:
     process = subprocess.Popen([sys.executable, __file__, "--child", json.dumps(task)], stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, text=True, cwd=str(ROOT), env=env)
     try:
+        if json.loads(process.stdout.readline() or "null") != "ready":
+            raise RuntimeError(f"the child of {task['name']} failed (see its stderr)")
         if proxy is not None:
             proxy.reset_counts()
+        process.stdin.write("\n")
+        process.stdin.flush()
         line = process.stdout.readline()
         if not line:
             raise RuntimeError(f"the child of {task['name']} failed (see its stderr)")
@@ -159,6 +174,8 @@ def main() -> None:
                 configs.append({"name": label, "paths": url, "options": options, "cache": None})
                 configs.append({"name": f"{label} cached", "paths": url, "options": options,
                                 "cache": os.path.join(tmp, f"cache-{backend}")})
+                configs.append({"name": f"{label} client started", "paths": url, "options": options, "cache": None,
+                                "client_started": True})
             runs: dict[str, list[dict[str, Any]]] = {}
             for config in configs:  # warm-up (server, page cache); fills the cached configurations' caches
                 run_child({**config, "same_process": 0}, proxy if config["paths"] == url else None)
@@ -198,13 +215,13 @@ def print_table(out: dict[str, Any]) -> None:
     print(f"\nS3 server: {out['server']}, {out['latency_ms']:.0f} ms per request (proxy in its own process); "
           f"{out['layout']}; columns {out['columns']}; {out['loader']}; best of {out['repeats']}; "
           f"load {out['load_average_before'][0]:.2f} -> {out['load_average_after'][0]:.2f}")
-    print(f"{'configuration':18} {'restart rows/s':>14} {'x local':>8} {'first batch':>12} {'requests list/head/get':>23} "
+    print(f"{'configuration':26} {'restart rows/s':>14} {'x local':>8} {'first batch':>12} {'requests list/head/get':>23} "
           f"{'same-process rows/s':>20} {'x local':>8} {'first batch':>12}")
     for name, r in out["runs"].items():
         rs, sp = r["restart"], r["same_process"] or {}
         req = rs.get("requests")
         kinds = f"{req['list']}/{req['head']}/{req['get']}" if req else "-"
-        print(f"{name:18} {rs['rows_per_s']:>14,.0f} {rs['x_local']:>8.2f} {1000 * rs['first_batch_s']:>9.0f} ms "
+        print(f"{name:26} {rs['rows_per_s']:>14,.0f} {rs['x_local']:>8.2f} {1000 * rs['first_batch_s']:>9.0f} ms "
               f"{kinds:>23} {sp.get('rows_per_s', 0):>20,.0f} {sp.get('x_local', 0):>8.2f} "
               f"{1000 * sp.get('first_batch_s', 0):>9.0f} ms")
     for name, r in out["runs"].items():
