@@ -54,11 +54,11 @@ def child(task: dict[str, Any]) -> None:
     """Run the epochs of ``task`` (a restart, then ``same_process`` fresh loaders), one JSON line each; before
     the first and before the rest, wait for a line on stdin (the parent zeroes, then reads the proxy's counters)."""
     import streamshard as ss  # noqa: F401 - imports before the clock: a restarted job has them too
-    from streamshard.dataset import ParquetStream
-    from streamshard.loader import StreamLoader
+    from streamshard.streams.dataset import ParquetStream
+    from streamshard.loader.stream_loader import StreamLoader
 
     if task.get("client_started"):  # the S3 client's start-up (imports, botocore's models) paid before the clock
-        from streamshard.storage import FileSystems
+        from streamshard.io.storage import FileSystems
 
         fs, root = FileSystems(task["options"]).resolve(task["paths"])
         fs.exists(root.split("/", 1)[0] + "/no-such-key")

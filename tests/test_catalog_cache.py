@@ -15,10 +15,10 @@ import pytest
 import torch.multiprocessing as mp
 from fsspec.implementations.local import LocalFileSystem
 
-from streamshard.catalog_cache import FORMAT_VERSION
-from streamshard.catalog import Catalog
+from streamshard.io.catalog_cache import FORMAT_VERSION
+from streamshard.io.catalog import Catalog
 from streamshard.errors import CatalogError
-from streamshard.footer import SHARED_FOOTERS
+from streamshard.io.footer import SHARED_FOOTERS
 from streamshard.testing import faulty_proxy, write_corpus
 
 LAYOUT = [[40, 40], [30], [25, 25], [50], [10], [5, 5, 5], [7], [9]]
