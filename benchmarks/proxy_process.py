@@ -57,6 +57,9 @@ class ProxyProcess:
     def reset_counts(self) -> None:
         self._ask("reset_counts")
 
+    def request_counts(self) -> list[tuple[str, str, int]]:
+        return [tuple(x) for x in self._ask("request_counts")]
+
 
 @contextmanager
 def proxy_process(upstream: str, latency: float) -> Iterator[ProxyProcess]:

@@ -27,6 +27,8 @@ table, writes ``benchmarks/out/remote.json``.
     .venv/bin/python benchmarks/remote.py --no-catalog --ab shared-footers,if-match,shared-footers+if-match
     .venv/bin/python benchmarks/remote.py --reader-cpu --no-catalog   # CPU per row group, one reader, one thread
     .venv/bin/python benchmarks/remote.py --no-catalog --shuffle      # the stream epochs with shuffle=True
+
+A new loader per epoch, catalog included (a restarted job, a small corpus): ``benchmarks/fresh_remote.py``.
 """
 
 from __future__ import annotations

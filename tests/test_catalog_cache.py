@@ -18,6 +18,7 @@ from fsspec.implementations.local import LocalFileSystem
 from streamshard.io.catalog_cache import FORMAT_VERSION
 from streamshard.io.catalog import Catalog
 from streamshard.errors import CatalogError
+from streamshard.io.footer import SHARED_FOOTERS
 from streamshard.testing import faulty_proxy, write_corpus
 
 LAYOUT = [[40, 40], [30], [25, 25], [50], [10], [5, 5, 5], [7], [9]]
@@ -42,6 +43,19 @@ class FooterCountingFileSystem(LocalFileSystem):
         with FooterCountingFileSystem._lock:
             FooterCountingFileSystem.reads[self._strip_protocol(path)] += 1
         return super().cat_file(path, start=start, end=end, **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def no_footers_kept_in_process():
+    """Each build here stands for a new process (what a cache is for): none finds footers an earlier build
+    of this process kept (``SHARED_FOOTERS``, tested in test_shared_footers.py), so what is not read comes
+    from the cache."""
+    budget, SHARED_FOOTERS.budget = SHARED_FOOTERS.budget, 0
+    SHARED_FOOTERS.clear()
+    try:
+        yield
+    finally:
+        SHARED_FOOTERS.budget = budget
 
 
 @pytest.fixture

@@ -100,6 +100,54 @@ def test_a_footer_kept_for_a_file_is_never_used_after_the_file_changed(where, se
         every_row(old, options)
 
 
+def test_a_new_catalog_in_the_same_process_lists_and_reads_only_the_footers_of_changed_files(seaweedfs, tmp_path):
+    # A new dataset or loader in a running job: the listing is asked again (files added, removed or
+    # rewritten are seen), the footers of unchanged objects come from this process, a rewritten one's
+    # footer is read again (its new ETag misses), and its rows are the new object's.
+    write_corpus(str(tmp_path / "data"), [[300, 300], [200, 200, 200], [250]])
+    url = seaweedfs.upload(str(tmp_path / "data"), "shared-footers", f"again-{tmp_path.name}")
+    with faulty_proxy(seaweedfs.endpoint_url) as proxy:
+        options = via(proxy, seaweedfs)
+        first = Catalog.build(url, ["id"], options)
+        proxy.reset_counts()
+        again = Catalog.build(url, ["id"], options)
+        assert proxy.count("GET", ".parquet") == 0 and proxy.count() >= 1  # listed, no footer read
+        assert again.digest == first.digest and (again.rg_ranges == first.rg_ranges).all()
+
+        write_at_size(tmp_path / "new.parquet", 5000, [70, 80])
+        seaweedfs.filesystem().put_file(str(tmp_path / "new.parquet"), f"shared-footers/again-{tmp_path.name}/"
+                                        "part-00001.parquet")
+        proxy.reset_counts()
+        rebuilt = Catalog.build(url, ["id"], options)
+        assert proxy.count("GET", ".parquet") == 1 and proxy.count("GET", "part-00001") == 1
+        assert rebuilt.rg_rows.tolist() == [300, 300, 70, 80, 250] and rebuilt.versions[1] != first.versions[1]
+        rows = every_row(rebuilt, options)
+        assert rows[600:750] == list(range(5000, 5150))
+        with pytest.raises(ss.ReadError, match=r"part-00001\.parquet: reading row group \d failed: the file changed"):
+            every_row(first, options)
+
+
+@pytest.mark.parametrize("backend", ["s3fs", "obstore"])
+def test_an_s3_directory_is_listed_in_one_round_of_requests(backend, seaweedfs, tmp_path):
+    # info() of a prefix is a HEAD and then a one-key listing, and the catalog's listing came after it:
+    # three requests one after another. Now the HEAD and the listing go out together: two requests.
+    if backend == "obstore":
+        pytest.importorskip("obstore")
+    write_corpus(str(tmp_path / "data"), [[30], [40]])
+    url = seaweedfs.upload(str(tmp_path / "data"), "shared-footers", f"listed-{tmp_path.name}")
+    with faulty_proxy(seaweedfs.endpoint_url) as proxy:
+        options = via(proxy, seaweedfs)
+        if backend == "obstore":
+            options["backend"] = "obstore"
+        SHARED_FOOTERS.clear()
+        catalog = Catalog.build(url, ["id"], options)
+        assert catalog.rg_rows.tolist() == [30, 40]
+        assert proxy.count("GET", ".parquet") == 2  # the footers
+        assert proxy.count() - proxy.count("GET", ".parquet") == 2  # one HEAD, one listing
+        with pytest.raises(ss.CatalogError, match="does not exist"):
+            Catalog.build(f"{url}-missing", ["id"], options)
+
+
 def test_a_files_footer_is_fetched_once_per_process_across_passes_and_thread_workers(seaweedfs, tmp_path):
     write_corpus(str(tmp_path), [[300, 300], [200, 200, 200], [250]])
     url = seaweedfs.upload(str(tmp_path), "shared-footers", f"once-{tmp_path.name}")

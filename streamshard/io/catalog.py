@@ -59,6 +59,7 @@ from .storage import (
     file_version,
     if_match_etag,
     is_async,
+    object_exists,
     short_read_error,
     timeout_kw,
 )
@@ -459,8 +460,11 @@ def _expand(path: str, filesystems: FileSystems, until: float) -> dict[str, tupl
     # Filesystems are shared within a process; a catalog must see storage as it is now, not a
     # listing cached by an earlier build (files added or rewritten since).
     fs.invalidate_cache()
+    info, listed = _info_and_listing(fs, root, until)
     try:
-        entries = {root: fs.info(root, **bound())}  # an existing path is taken literally
+        if isinstance(info, BaseException):
+            raise info
+        entries = {root: info}  # an existing path is taken literally
     except FileNotFoundError as exc:
         if not any(ch in root for ch in _GLOB_CHARS):
             raise CatalogError(f"{path!r} does not exist{_missing(exc)}") from None
@@ -473,7 +477,9 @@ def _expand(path: str, filesystems: FileSystems, until: float) -> dict[str, tupl
     out: dict[str, tuple[FileEntry, tuple[Any, ...] | None]] = {}
     for name, info in entries.items():
         if info.get("type") == "directory":
-            found = fs.find(name, detail=True, **bound())
+            found = listed if name == root and listed is not None else fs.find(name, detail=True, **bound())
+            if isinstance(found, BaseException):
+                raise found
             _refuse_delta_table(fs, name, found)
             for sub, subinfo in found.items():
                 relative = sub[len(name.rstrip("/")) + 1 :]
@@ -488,6 +494,43 @@ def _expand(path: str, filesystems: FileSystems, until: float) -> dict[str, tupl
     if not out:
         raise CatalogError(f"no files matched {path!r} (only empty directories or hidden/marker files)")
     return out
+
+
+def _info_and_listing(fs: Any, root: str, until: float) -> tuple[Any, Any]:
+    """``fs.info(root)`` (or the exception it raised) and, where ``root`` looks like a directory on an async
+    store (an object store), its recursive listing from the same round of requests (or the exception);
+    else None for the listing.
+
+    On S3 ``info`` of a prefix is a HEAD and then a one-key listing, and the listing the catalog needs
+    came a round trip after that. Here the HEAD alone (``storage.object_exists``; ``info`` where the store
+    has none) and the listing go out at once: no object under the name and keys below it make a
+    directory, in one round trip instead of three. Any other answer (an object, nothing, an error) is
+    ``info``'s to give, as before. A name with a dot in its last part is taken for a file and listed
+    only if it turns out to be a directory: a wrong guess costs one request.
+    """
+    def plain_info() -> Any:
+        try:
+            return fs.info(root, **timeout_kw(fs, until - time.monotonic()))
+        except FileNotFoundError as exc:
+            return exc
+
+    looks_like_directory = root.endswith("/") or "." not in root.rstrip("/").rsplit("/", 1)[-1]
+    if not (is_async(fs) and looks_like_directory and hasattr(fs, "_find") and getattr(fs, "loop", None)):
+        return plain_info(), None
+
+    async def head_or_info() -> Any:
+        exists = await object_exists(fs, root)
+        return await fs._info(root) if exists is None else exists
+
+    async def both() -> list[Any]:
+        return await asyncio.gather(head_or_info(), fs._find(root, detail=True), return_exceptions=True)
+
+    exists, listed = fsspec.asyn.sync(fs.loop, both, timeout=max(until - time.monotonic(), 0.001))
+    below = root.rstrip("/") + "/"
+    if exists is False and isinstance(listed, dict) and listed and all(name.startswith(below) for name in listed):
+        return {"name": root.rstrip("/"), "size": 0, "type": "directory"}, listed
+    info = exists if isinstance(exists, dict) else plain_info()
+    return info, listed if isinstance(info, dict) and info.get("type") == "directory" else None
 
 
 def _refuse_delta_table(fs: Any, directory: str, found: dict[str, Any]) -> None:
@@ -571,9 +614,17 @@ def _read_footers(
 ) -> list[FileFooter]:
     """Every file's footer, ``max_concurrency`` at a time; the first failure (in URL order) is raised.
 
-    After a failure no further footer read starts (a hung store would otherwise cost a deadline
-    per ``max_concurrency`` files); the reads in flight end within their own deadline.
+    A footer this process already read at the file's listed size and version (``SHARED_FOOTERS``:
+    an earlier catalog, a reader) is parsed from there, without a request: a new dataset or loader
+    over the same files in a running job lists them, and reads only the footers of files that
+    changed. After a failure no further footer read starts (a hung store would otherwise cost a
+    deadline per ``max_concurrency`` files); the reads in flight end within their own deadline.
     """
+    known = _footers_read_here(files, columns, progress)
+    if known:
+        read = iter(_read_footers([f for f in files if f.url not in known], columns, filesystems, policy,
+                                  max_concurrency, progress))
+        return [known[f.url] if f.url in known else next(read) for f in files]
     if len(files) > 1 and max_concurrency > 1:
         loop = _shared_loop(files, filesystems)
         if loop is not None:
@@ -607,6 +658,27 @@ def _read_footers(
     if wall < _WAITED * cpu:
         return head + [one(entry) for entry in rest]
     return head + _read_in_threads(rest, one, failed, max_concurrency)
+
+
+def _footers_read_here(files: Sequence[FileEntry], columns: list[str] | None,
+                       progress: Callable[[int], None] | None) -> dict[str, FileFooter]:
+    """The footers of ``files`` that this process keeps at their listed size and version, parsed, by URL.
+
+    Only a versioned file is ever kept (``SharedFooters``), so a rewritten object (another ETag) or
+    local file (another mtime, inode or ctime) misses and its footer is read again."""
+    out: dict[str, FileFooter] = {}
+    for entry in files:
+        tail = SHARED_FOOTERS.get(entry.url, entry.size, entry.version)
+        if tail is None:
+            continue
+        try:
+            metadata, footer_length, _ = parse_footer(tail, entry.size)
+        except FooterError:  # not expected (the bytes parsed when kept): read the file's footer again
+            continue
+        out[entry.url] = _footer_from_metadata(entry.url, entry.size, metadata, footer_length, columns, entry.version)
+        if progress is not None:
+            progress(1)
+    return out
 
 
 _PROBE_FILES = 32  # footers read in the calling thread to tell a cached store from one that waits

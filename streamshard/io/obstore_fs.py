@@ -211,6 +211,21 @@ class ObstoreFileSystem(fsspec.asyn.AsyncFileSystem):
             raise FileNotFoundError(f"{url}: no such object or directory")
         return {"name": f"{bucket}/{key}".rstrip("/"), "size": 0, "type": "directory"}
 
+    async def _object_exists(self, path: str) -> bool:
+        """Whether an object is stored under exactly ``path`` (one HEAD; ``storage.object_exists``)."""
+        import obstore
+
+        store, bucket, key = self._store(path)
+        if not key:
+            return False
+        try:
+            await obstore.head_async(store, key)
+        except FileNotFoundError:
+            return False
+        except Exception as exc:  # noqa: BLE001
+            raise _error(f"s3://{bucket}/{key}", exc) from None
+        return True
+
     async def _ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
         import obstore
 

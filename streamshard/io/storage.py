@@ -286,6 +286,27 @@ async def cat_file_if_match(fs: Any, path: str, start: int, end: int, etag: str)
     return await _s3fs_get_if_match(fs, path, start, end, etag)
 
 
+async def object_exists(fs: Any, path: str) -> bool | None:
+    """Whether an object is stored under exactly ``path``, by one HEAD (a coroutine on ``fs``'s loop):
+    s3fs and the obstore backend; None for a filesystem that has no such request (ask ``info``).
+
+    ``info`` of a missing key asks the store twice, a HEAD and then a one-key listing to tell a
+    directory; the catalog has the listing already, so it needs only the HEAD."""
+    own = getattr(fs, "_object_exists", None)
+    if own is not None:
+        return await own(path)
+    if not _is_s3fs(fs):
+        return None
+    bucket, key, _ = fs.split_path(path)
+    if not key:
+        return False
+    try:
+        await s3fs_request(fs)("head_object", Bucket=bucket, Key=key)
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def _is_s3fs(fs: Any) -> bool:
     try:
         from s3fs import S3FileSystem

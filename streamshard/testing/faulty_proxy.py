@@ -105,6 +105,11 @@ class FaultyProxy:
         """Body bytes sent, filtered like ``count``."""
         return _total(self.bytes_sent, method, path)
 
+    def request_counts(self) -> list[tuple[str, str, int]]:
+        """Every ``(method, path with its query, requests)`` seen since the counters were zeroed."""
+        with self._lock:
+            return [(m, p, n) for (m, p), n in sorted(self.requests.items())]
+
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
