@@ -32,7 +32,8 @@ from .batch_plan import BatchSpec, Read, Schedule
 from .batches import CORPUS, concat, padding_like, with_ids
 from .errors import ConversionError
 from .gather import Gatherer, convert_read, gatherable
-from .reader import ReadStats
+from .part_convert import convert_part
+from .reader import ReadStats, StreamedPart
 from .tensors import Batch, BatchConverter
 
 _MAX_LOOKAHEAD = 64  # batch specs computed ahead to find the next reads, for schedules without upcoming_reads
@@ -89,6 +90,8 @@ def deliver(
     gatherer = Gatherer(convert) if assemble is None and gatherable(convert) else None
     if gatherer is not None:  # each read converted once, on the thread that read it
         read = _converting(read, convert, describe, stats)
+    else:  # a streamed part (``read`` may return one) is joined into its table
+        read = _joined(read)
     specs = schedule.batches(start)
     upcoming = schedule.upcoming_reads(start) if read_ahead else None
     pending: dict[int, Future | _Ready] = {}
@@ -223,6 +226,8 @@ def _converting(read: Callable[[Read], pa.Table], convert: BatchConverter, descr
         table = read(what)
         began = time.perf_counter()
         try:
+            if isinstance(table, StreamedPart):  # decoded as it converts (a huge group's part)
+                return convert_part(table, table.rows, convert)
             return convert_read(table, convert)
         except ConversionError as exc:
             if describe is None:
@@ -233,6 +238,14 @@ def _converting(read: Callable[[Read], pa.Table], convert: BatchConverter, descr
                 with lock:
                     stats.prepare_s += time.perf_counter() - began
     return read_converted
+
+
+def _joined(read: Callable[[Read], Any]) -> Callable[[Read], Any]:
+    """``read``, with a ``StreamedPart`` joined into one table."""
+    def read_table(what: Read) -> Any:
+        got = read(what)
+        return got.table() if isinstance(got, StreamedPart) else got
+    return read_table
 
 
 def _build_placed(spec: BatchSpec, tables: dict[int, pa.Table], convert: BatchConverter,

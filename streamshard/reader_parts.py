@@ -8,7 +8,7 @@ import bisect
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -246,44 +246,64 @@ def keep_rows(table: pa.Table, rows: np.ndarray, url: str, row_group: int) -> pa
     return table.take(pa.array(rows))
 
 
-def decode_rows(parquet: pq.ParquetFile, row_group: int, columns: list[str] | None, rows: np.ndarray | None,
-                total: int, batch_rows: int, combine_bytes: int) -> tuple[list[pa.RecordBatch], int, int]:
-    """Decode row group ``row_group`` in record batches of ``batch_rows``, keeping ``rows`` (sorted;
-    None: all) and stopping after the last of them: (kept batches, rows decoded, largest batch).
+class DecodeCounts:
+    """What ``decode_rows`` decoded so far: rows, and the largest record batch (rows)."""
 
-    Rows picked out of record batches (scattered rows: a shuffled part) are gathered into batches of
-    about ``combine_bytes``, so a part is a few chunks: taking a training batch's rows costs per
-    chunk and column (one more copy of at most ``combine_bytes`` at a time)."""
+    def __init__(self) -> None:
+        self.decoded = 0
+        self.largest = 0
+
+
+def decode_rows(parquet: pq.ParquetFile, row_group: int, columns: list[str] | None, rows: np.ndarray | None,
+                total: int, batch_rows: int, combine_bytes: int, counts: DecodeCounts,
+                threads: bool = True) -> Iterator[pa.RecordBatch]:
+    """Decode row group ``row_group`` in record batches of ``batch_rows``, yielding the rows ``rows``
+    (sorted; None: all) as they are decoded and stopping after the last of them; ``counts`` says how
+    many rows were decoded and the largest batch.
+
+    Rows picked out of record batches (scattered rows: a shuffled part) are copied out of their
+    batch (so the rest of it is freed) and, with ``combine_bytes``, gathered into batches of about
+    that size, so a part kept as a table is a few chunks: taking a training batch's rows costs per
+    chunk and column (one more copy of at most ``combine_bytes`` at a time). ``combine_bytes=0``
+    yields each piece as it comes (a consumer that converts each piece and lets it go). ``threads``:
+    decode columns in parallel on Arrow's thread pool."""
     stop = total if rows is None else (int(rows[-1]) + 1 if len(rows) else 0)
-    kept: list[pa.RecordBatch] = []
     picked: list[pa.RecordBatch] = []
-    start = largest = picked_bytes = 0
+    start = picked_bytes = 0
     if not stop:
-        return kept, 0, 0
-    for batch in parquet.iter_batches(batch_size=batch_rows, row_groups=[row_group], columns=columns):
+        return
+    for batch in parquet.iter_batches(batch_size=batch_rows, row_groups=[row_group], columns=columns, use_threads=threads):
+        piece = None
         end = start + batch.num_rows
-        largest = max(largest, batch.num_rows)
+        counts.largest = max(counts.largest, batch.num_rows)
+        counts.decoded = end
         if rows is None:
-            kept.append(batch)
+            yield batch
         else:
             a, b = (int(x) for x in np.searchsorted(rows, [start, end]))
             if b - a == batch.num_rows:
                 if picked:  # rows stay in file order
-                    kept.append(_combine(picked))
+                    yield _combine(picked)
                     picked, picked_bytes = [], 0
-                kept.append(batch)
+                yield batch
+            elif b > a and not combine_bytes and rows[b - 1] - rows[a] == b - a - 1:
+                yield batch.slice(int(rows[a]) - start, b - a)  # taken at once by the consumer: no copy
             elif b > a:  # a copy, so the rest of the record batch is freed
-                picked.append(batch.take(pa.array(rows[a:b] - start)))
-                picked_bytes += picked[-1].nbytes
-                if picked_bytes >= combine_bytes:
-                    kept.append(_combine(picked))
-                    picked, picked_bytes = [], 0
+                piece = batch.take(pa.array(rows[a:b] - start))
+                if not combine_bytes:
+                    yield piece
+                else:
+                    picked.append(piece)
+                    picked_bytes += piece.nbytes
+                    if picked_bytes >= combine_bytes:
+                        yield _combine(picked)
+                        picked, picked_bytes = [], 0
+        batch = piece = None  # the consumer may hold what was yielded; this generator lets it go
         start = end
         if start >= stop:
             break
     if picked:
-        kept.append(_combine(picked))
-    return kept, start, largest
+        yield _combine(picked)
 
 
 def _combine(batches: list[pa.RecordBatch]) -> pa.RecordBatch:

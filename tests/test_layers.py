@@ -55,6 +55,7 @@ KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("delivery.py", "streamshard.batches"): "as delivery.py -> torch: it builds the torch batches",
     ("delivery.py", "streamshard.gather"): ("as delivery.py -> torch: it gathers the torch batches",),
     ("delivery.py", "streamshard.tensors"): "as delivery.py -> torch: it converts reads to tensors",
+    ("delivery.py", "streamshard.part_convert"): "as delivery.py -> torch: it converts streamed reads",
     ("text_counts.py", "streamshard.cli"): (
         "the counting pass shows cli.progress's terminal bar; imported inside the function so that "
         "importing the package does not import the command line. Moving progress.py out of cli/ "
