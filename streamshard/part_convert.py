@@ -55,18 +55,23 @@ class _Growing:
         return self.array
 
 
-def convert_part(part: Iterable[pa.Table], rows: int, converter: BatchConverter) -> Converted:
-    """``gather.convert_read`` of the ``rows`` rows of ``part``'s tables taken together, converting
-    one table at a time (each is let go before the next is taken)."""
+def convert_part(part: Iterable[tuple[pa.Table, np.ndarray | None]], rows: int, converter: BatchConverter) -> Converted:
+    """``gather.convert_read`` of the ``rows`` rows of ``part``'s pieces taken together (each a
+    table and the positions of the part's rows in it, None: all; ``reader.StreamedPart``),
+    converting one piece at a time and letting it go before the next is taken. Scattered rows are
+    picked out of the converted piece by numpy (a gather per column, no Arrow ``take``)."""
     flat = converter.flat_twin()
+    items_of = converter.items_of or {}
     growing: dict[str, _Growing] = {}
     texts: dict[str, list[Any]] = {}
     empty: dict[str, np.ndarray] = {}
     seen = 0
-    for table in part:
+    for table, picks in part:
         columns = flat.convert(table, copy=False)
-        seen += table.num_rows
         table = None  # noqa: F841 - the piece goes as soon as it is copied out
+        if picks is not None:
+            columns = _picked(columns, picks, items_of)
+        seen += len(picks) if picks is not None else _rows_of(columns, items_of)
         for key, value in columns.items():
             if isinstance(value, torch.Tensor):
                 value = value.numpy()
@@ -82,3 +87,36 @@ def convert_part(part: Iterable[pa.Table], rows: int, converter: BatchConverter)
     for key in flat.keys:
         out[key] = growing[key].result(empty[key]) if key in growing else texts.get(key, [])
     return Converted(rows, out, _item_offsets(out, converter))
+
+
+def _rows_of(columns: dict[str, Any], items_of: dict[str, str | None]) -> int:
+    """Rows of a converted piece: the length of any per-row key."""
+    for key, value in columns.items():
+        if items_of.get(key) is None:
+            return len(value)
+    raise AssertionError("a converted piece without a per-row key")  # every list has its lengths key
+
+
+def _picked(columns: dict[str, Any], picks: np.ndarray, items_of: dict[str, str | None]) -> dict[str, Any]:
+    """Rows ``picks`` of a converted piece: per-row keys gathered, list items gathered by their rows'
+    offsets (``items_of`` names each item key's lengths key)."""
+    items: dict[str, np.ndarray] = {}  # lengths key -> the picked rows' item positions
+    out: dict[str, Any] = {}
+    for key, value in columns.items():
+        lengths = items_of.get(key)
+        if isinstance(value, torch.Tensor):
+            value = value.numpy()
+        if lengths is None:
+            out[key] = np.take(value, picks, axis=0) if isinstance(value, np.ndarray) else [value[i] for i in picks.tolist()]
+            continue
+        where = items.get(lengths)
+        if where is None:
+            counts = np.asarray(columns[lengths] if not isinstance(columns[lengths], torch.Tensor)
+                                else columns[lengths].numpy(), dtype=np.int64)
+            starts = np.zeros(len(counts) + 1, dtype=np.int64)
+            np.cumsum(counts, out=starts[1:])
+            wanted = counts[picks]
+            before = np.cumsum(wanted) - wanted  # items of the picked rows before each one
+            where = items[lengths] = np.repeat(starts[picks] - before, wanted) + np.arange(int(wanted.sum()), dtype=np.int64)
+        out[key] = np.take(value, where, axis=0) if isinstance(value, np.ndarray) else [value[i] for i in where.tolist()]
+    return out

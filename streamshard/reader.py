@@ -31,7 +31,7 @@ from .decoded_size import row_group_decoded_bytes
 from .errors import ReadError
 from .fetch import FileFetcher, ReadStats
 from .footer import chunk_ranges
-from .reader_parts import DecodeCounts, _SparseFile, check_decoded, decode_rows, keep_rows
+from .reader_parts import DecodeCounts, _SparseFile, check_decoded, decode_rows, join_pieces, keep_rows
 from .retry import RetriesExhausted, RetryPolicy, describe
 from .storage import FileSystems
 
@@ -48,6 +48,10 @@ STREAM_ABOVE_BYTES = 64 * 1024 * 1024
 # values, the list levels, the page being decoded): 4 MiB keeps a worker's Arrow at ~23 MiB (16 MiB: ~57
 # MiB, which pyarrow's allocator then keeps), and decodes as fast.
 STREAM_BATCH_BYTES = 4 * 1024 * 1024
+# ... but at least 1/128 of it per projected leaf column (32 KiB): decoding costs per column and record
+# batch, so many narrow columns want longer batches (512 int32 columns: 0.71-0.78 CPU-s a 300 MiB group in
+# 4 MiB batches, 0.46-0.5 in 16 MiB ones; their pages, one held per column while decoding, outweigh it).
+_LEAVES_PER_BATCH = 128
 # A streamed group decodes its columns on Arrow's threads only from this many projected leaf columns: with
 # fewer there is little to share, and each thread's allocator heap keeps its own pages (a list column and
 # an id: peak +23 MiB with threads, and no faster).
@@ -61,36 +65,37 @@ _SURELY_SMALL_RATIO = 32
 
 
 class StreamedPart:
-    """A read of a streamed row group whose rows are decoded as it is iterated: tables (record
-    batches of the rows asked for, in order) one at a time, so a consumer that converts each and
-    lets it go holds the part in its own form plus one record batch, never the part in Arrow too.
-    Iterate it once; an error while decoding is a ``ReadError`` naming the file and row group.
+    """A read of a streamed row group whose rows are decoded as it is iterated, a record batch at a
+    time, so a consumer that converts each piece and lets it go holds the part in its own form plus
+    one record batch, never the part in Arrow too. Iterate it once; an error while decoding is a
+    ``ReadError`` naming the file and row group.
 
-    ``rows``: how many rows its tables hold together (known before decoding).
+    Iterating gives ``(table, picks)``: a decoded record batch (as a table) and the positions of the
+    part's rows in it (None: every row of it), in order. ``rows``: how many rows the part holds
+    (known before decoding).
     """
 
-    def __init__(self, rows: int, tables: Iterator[pa.Table]) -> None:
+    def __init__(self, rows: int, pieces: Iterator[tuple[pa.Table, np.ndarray | None]], combine_bytes: int) -> None:
         self.rows = rows
-        self._tables = tables
+        self._pieces = pieces
+        self._combine_bytes = combine_bytes
 
-    def __iter__(self) -> Iterator[pa.Table]:
-        return self._tables
+    def __iter__(self) -> Iterator[tuple[pa.Table, np.ndarray | None]]:
+        return self._pieces
 
     def map(self, change: Callable[[pa.Table], pa.Table]) -> "StreamedPart":
-        """The same part with ``change`` applied to each table as it comes."""
-        def changed() -> Iterator[pa.Table]:
-            for table in self._tables:
+        """The same part with ``change`` applied to each piece's table as it comes."""
+        def changed() -> Iterator[tuple[pa.Table, np.ndarray | None]]:
+            for table, picks in self._pieces:
                 out, table = change(table), None
-                yield out
+                yield out, picks
                 out = None  # noqa: F841 - the consumer's piece is not held here while the next decodes
-        return StreamedPart(self.rows, changed())
+        return StreamedPart(self.rows, changed(), self._combine_bytes)
 
     def table(self) -> pa.Table:
-        """All its rows as one table (one chunk per piece)."""
-        tables = list(self._tables)
-        if len(tables) == 1:
-            return tables[0]
-        return pa.Table.from_batches([b for t in tables for b in t.to_batches()], schema=tables[0].schema)
+        """All its rows as one table: whole record batches as they are, scattered rows copied out
+        and joined into a few chunks (``reader_parts.join_pieces``)."""
+        return join_pieces(self._pieces, self._combine_bytes)
 
 
 class RowGroupReader:
@@ -184,23 +189,21 @@ class RowGroupReader:
         in that order. None: every row. A group larger than ``STREAM_ABOVE_BYTES`` decoded is
         streamed, so asking for part of it holds only that part (and one record batch).
         """
-        got = self.read_part(file_index, row_group, rows, chunks=_PART_CHUNKS)
+        got = self.read_part(file_index, row_group, rows)
         return got if isinstance(got, pa.Table) else got.table()
 
-    def read_part(self, file_index: int, row_group: int, rows: np.ndarray | None = None,
-                  chunks: int = 0) -> "pa.Table | StreamedPart":
+    def read_part(self, file_index: int, row_group: int,
+                  rows: np.ndarray | None = None) -> "pa.Table | StreamedPart":
         """``read``, except that a streamed group (decoded size above ``STREAM_ABOVE_BYTES``) comes
         as a ``StreamedPart``: its rows decoded as the part is iterated, a record batch at a time, so
-        a consumer that converts each piece and lets it go never holds the part in Arrow whole.
-        ``chunks``: join the scattered rows of a streamed part into about that many pieces (0: each
-        piece as it is decoded)."""
+        a consumer that converts each piece and lets it go never holds the part in Arrow whole."""
         started = time.perf_counter()
         rows = None if rows is None else np.asarray(rows, dtype=np.int64)
         try:
             metadata = self._footer_unless_small(file_index, row_group)
             estimate = -1 if metadata is None else row_group_decoded_bytes(metadata, row_group, self.columns)
             if estimate > STREAM_ABOVE_BYTES:
-                return self._read_streaming(file_index, row_group, metadata, rows, estimate, chunks, started)
+                return self._read_streaming(file_index, row_group, metadata, rows, estimate, started)
             table = self._read_whole(file_index, row_group, rows)
             check_decoded(table)
         except Exception as exc:  # noqa: BLE001 - fsspec/pyarrow/botocore raise many types
@@ -230,7 +233,7 @@ class RowGroupReader:
         return table if rows is None else keep_rows(table, rows, self.urls[file_index], row_group)
 
     def _read_streaming(self, file_index: int, row_group: int, metadata: pq.FileMetaData,
-                        rows: np.ndarray | None, estimate: int, chunks: int, started: float) -> StreamedPart:
+                        rows: np.ndarray | None, estimate: int, started: float) -> StreamedPart:
         """The group decoded in record batches from ranges fetched on demand, keeping only ``rows``,
         as the returned part is iterated (nothing is fetched before)."""
         self._touch(file_index)
@@ -239,10 +242,11 @@ class RowGroupReader:
         if rows is not None and len(rows) and not 0 <= rows[0] <= rows[-1] < total:
             raise ReadError(f"{self.urls[file_index]}: row group {row_group} has {total} rows, "
                             f"asked for rows {int(rows[0])}..{int(rows[-1])}; did the file change?")
-        batch_rows = int(np.clip(STREAM_BATCH_BYTES * total // max(estimate, 1), 1, 65536))
         wanted = None if self.columns is None else set(self.columns)
         leaves = sum(1 for c in range(group.num_columns)
                      if wanted is None or group.column(c).path_in_schema.split(".")[0] in wanted)
+        batch_bytes = STREAM_BATCH_BYTES * max(1, leaves / _LEAVES_PER_BATCH)
+        batch_rows = int(np.clip(batch_bytes * total / max(estimate, 1), 1, 65536))
         buffer = int(np.clip(STREAM_BUFFER_BYTES // max(leaves, 1), min(64 * 1024, STREAM_BUFFER_BYTES), 4 * 1024 * 1024))
         source = _SparseFile(self.sizes[file_index], [], lambda s, e: self._files.fetch_range(file_index, s, e))
         parquet = pq.ParquetFile(pa.PythonFile(source, mode="r"), metadata=metadata, pre_buffer=False,
@@ -250,29 +254,29 @@ class RowGroupReader:
                                  page_checksum_verification=self.verify_checksums)
         expected = total if rows is None else len(rows)
         part = estimate * expected // max(total, 1)
-        combine = max(_COMBINE_BYTES, part // chunks) if chunks else 0
+        combine = max(_COMBINE_BYTES, part // _PART_CHUNKS)  # for ``StreamedPart.table``
         schema = parquet.schema_arrow
         if self.columns is not None:
             schema = pa.schema([schema.field(c) for c in self.columns], metadata=schema.metadata)
         counts = DecodeCounts()
         url = self.urls[file_index]
 
-        def pieces() -> Iterator[pa.Table]:
+        def pieces() -> Iterator[tuple[pa.Table, np.ndarray | None]]:
             kept, spent, began = 0, time.perf_counter() - started, time.perf_counter()
             try:
-                for batch in decode_rows(parquet, row_group, self.columns, rows, total, batch_rows, combine, counts,
-                                         threads=leaves >= _THREADS_FROM_LEAVES):
+                for batch, picks in decode_rows(parquet, row_group, self.columns, rows, total, batch_rows, counts,
+                                                threads=leaves >= _THREADS_FROM_LEAVES):
                     table = pa.Table.from_batches([batch])
                     check_decoded(table)
-                    kept += table.num_rows
+                    kept += table.num_rows if picks is None else len(picks)
                     spent += time.perf_counter() - began
-                    yield table
+                    yield table, picks
                     began, batch, table = time.perf_counter(), None, None  # let the consumer's piece go
                 if kept != expected:
                     raise ReadError(f"{url}: row group {row_group} decoded {counts.decoded} of the "
                                     f"{total} rows its footer lists; did the file change?")
                 if not kept:  # an empty part is one empty table (its schema)
-                    yield pa.Table.from_batches([], schema=schema)
+                    yield pa.Table.from_batches([], schema=schema), None
             except Exception as exc:  # noqa: BLE001 - fsspec/pyarrow/botocore raise many types
                 raise self._error(file_index, row_group, exc) from None
             with self._lock:
@@ -284,7 +288,7 @@ class RowGroupReader:
             # hand it back, so the part's converted form and the batches gathered from it do not come on top.
             pa.default_memory_pool().release_unused()
 
-        return StreamedPart(expected, pieces())
+        return StreamedPart(expected, pieces(), combine)
 
     def _footer_unless_small(self, file_index: int, row_group: int) -> pq.FileMetaData | None:
         """The file's footer, or None when the group's compressed bytes (the catalog's ranges, or a

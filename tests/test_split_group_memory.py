@@ -80,3 +80,52 @@ def test_a_workers_share_of_a_huge_row_group_is_held_once(tmp_path):
         assert arrow_peak <= part / 3, f"Arrow held {arrow_peak / 2**20:.1f} MiB for a {part / 2**20:.0f} MiB share"
         # numpy: the share's items once (grown in place), plus batches gathered from it.
         assert numpy_peak <= 1.2 * part, f"numpy held {numpy_peak / 2**20:.1f} MiB for a {part / 2**20:.0f} MiB share"
+
+
+def test_a_part_converted_piece_by_piece_equals_the_part_converted_at_once():
+    """``part_convert.convert_part`` (pieces of record batches, rows picked out of them by numpy)
+    gives exactly what ``gather.convert_read`` gives for the same rows taken as one table: numbers,
+    lists with null items (masks), lists of text, fixed-size lists, nullable text, empty lists."""
+    from streamshard.gather import convert_read
+    from streamshard.part_convert import convert_part
+    from streamshard.tensors import BatchConverter
+
+    rng = np.random.default_rng(5)
+    n = 3_000
+    lengths = rng.integers(0, 9, n)
+    items = int(lengths.sum())
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+    values = pa.array(rng.integers(0, 100, items).astype(np.int32), mask=rng.random(items) < 0.1)
+    words = pa.array([f"w{i}" for i in range(items)])
+    table = pa.table({
+        "id": np.arange(n, dtype=np.int64),
+        "score": pa.array(rng.random(n), mask=rng.random(n) < 0.2),
+        "ids": pa.ListArray.from_arrays(offsets, values),
+        "words": pa.ListArray.from_arrays(offsets, words),
+        "pair": pa.FixedSizeListArray.from_arrays(pa.array(rng.integers(0, 9, 2 * n).astype(np.int16)), 2),
+        "name": pa.array([None if i % 7 == 0 else f"r{i}" for i in range(n)]),
+    })
+    converter = BatchConverter(table.schema, source="t", inner_nulls="mask")
+    for shuffled in (False, True):
+        rows = np.sort(rng.choice(n, n // 2, replace=False)) if shuffled else np.arange(400, 2_900)
+        pieces, start = [], 0
+        for batch in table.to_batches(max_chunksize=256):  # like decode_rows: a run is a slice, else picks
+            mine = rows[(rows >= start) & (rows < start + batch.num_rows)] - start
+            if len(mine) == batch.num_rows:
+                pieces.append((pa.Table.from_batches([batch]), None))
+            elif len(mine) and mine[-1] - mine[0] == len(mine) - 1:
+                pieces.append((pa.Table.from_batches([batch.slice(int(mine[0]), len(mine))]), None))
+            elif len(mine):
+                pieces.append((pa.Table.from_batches([batch]), mine))
+            start += batch.num_rows
+        got = convert_part(iter(pieces), len(rows), converter)
+        want = convert_read(table.take(pa.array(rows)), converter)
+        assert got.rows == want.rows == len(rows)
+        assert list(got.columns) == list(want.columns)
+        for key, value in want.columns.items():
+            if isinstance(value, np.ndarray):
+                assert got.columns[key].dtype == value.dtype and np.array_equal(got.columns[key], value), key
+            else:
+                assert list(got.columns[key]) == list(value), key
+        for key, value in want.offsets.items():
+            assert np.array_equal(got.offsets[key], value), key
