@@ -9,9 +9,12 @@ then decodes from those bytes alone (the footer is passed as ``metadata``, so no
 A row group estimated to decode to more than ``STREAM_ABOVE_BYTES`` (``decoded_size.py``) is
 *streamed* instead: pyarrow decodes it in record batches of about ``STREAM_BATCH_BYTES`` from a
 file view that fetches byte ranges as the decoder asks (about ``STREAM_BUFFER_BYTES`` of compressed
-bytes buffered over all columns), and only the rows asked for (``rows=``) are kept. So a worker
-that owns part of a huge row group holds its part plus one record batch, not the whole group and
-its compressed bytes. Small groups (the common case) keep the one-round whole-group read.
+bytes buffered over all columns), and only the rows asked for (``rows=``) are kept. ``read_part``
+returns such a group as a ``StreamedPart`` whose record batches are decoded as it is iterated:
+delivery converts each one as it comes and lets it go (``part_convert.py``), so a worker that owns
+part of a huge row group holds its part once plus one record batch, not the whole group, its
+compressed bytes, or its part in Arrow as well. ``read`` joins the same pieces into a table. Small
+groups (the common case) keep the one-round whole-group read.
 """
 
 from __future__ import annotations
