@@ -51,7 +51,8 @@ class DeliveryStats:
 
     ``worker``: which of the rank's workers; ``busy_s``: producing batches (inside ``next()``); ``wait_s``: the part of it blocked on row-group
     reads; ``convert_s``: building batches of tensors from the reads; ``prepare_s``: converting each
-    read once for that, on the read-ahead threads (summed over them, like the reader's times);
+    read once for that, on the read-ahead threads (summed over them, like the reader's times; a
+    streamed row group's decoding interleaves with its conversion and is counted here too);
     ``reads``: the reader's own counters (bytes fetched, fetch and decode seconds, summed over the
     read-ahead threads).
     """
@@ -223,12 +224,12 @@ def _converting(read: Callable[[Read], pa.Table], convert: BatchConverter, descr
     lock = threading.Lock()  # several read-ahead threads add to one total
 
     def read_converted(what: Read) -> Any:
-        table = read(what)
+        got = read(what)
         began = time.perf_counter()
         try:
-            if isinstance(table, StreamedPart):  # decoded as it converts (a huge group's part)
-                return convert_part(table, table.rows, convert)
-            return convert_read(table, convert)
+            if isinstance(got, StreamedPart):  # a huge group's part: decoded as it converts (timed here too)
+                return convert_part(got, got.rows, convert)
+            return convert_read(got, convert)
         except ConversionError as exc:
             if describe is None:
                 raise
