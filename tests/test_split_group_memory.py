@@ -31,7 +31,7 @@ CHILD = textwrap.dedent("""
     import numpy as np
     import pyarrow as pa
     import streamshard as ss
-    import streamshard.reader as reader
+    import streamshard.io.reader as reader
 
     reader.STREAM_ABOVE_BYTES = 16 << 20
     reader.STREAM_BATCH_BYTES = 1 << 20
@@ -86,9 +86,9 @@ def test_a_part_converted_piece_by_piece_equals_the_part_converted_at_once():
     """``part_convert.convert_part`` (pieces of record batches, rows picked out of them by numpy)
     gives exactly what ``gather.convert_read`` gives for the same rows taken as one table: numbers,
     lists with null items (masks), lists of text, fixed-size lists, nullable text, empty lists."""
-    from streamshard.gather import convert_read
-    from streamshard.part_convert import convert_part
-    from streamshard.tensors import BatchConverter
+    from streamshard.convert.gather import convert_read
+    from streamshard.convert.part_convert import convert_part
+    from streamshard.convert.tensors import BatchConverter
 
     rng = np.random.default_rng(5)
     n = 3_000
