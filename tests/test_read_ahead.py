@@ -46,7 +46,7 @@ def test_a_shuffle_windows_row_groups_are_read_at_once_whatever_read_ahead(tmp_p
     from streamshard.io.reader import RowGroupReader
 
     write_corpus(str(tmp_path), [[500] * 4] * 4)  # 16 row groups: one shuffle window
-    inner = RowGroupReader.read
+    inner = RowGroupReader.read_part  # what delivery calls
     lock, running, most = threading.Lock(), [0], [0]
 
     def slow_read(self, *args, **kwargs):  # a store with ~0.2 s per request
@@ -60,7 +60,7 @@ def test_a_shuffle_windows_row_groups_are_read_at_once_whatever_read_ahead(tmp_p
             with lock:
                 running[0] -= 1
 
-    monkeypatch.setattr(RowGroupReader, "read", slow_read)
+    monkeypatch.setattr(RowGroupReader, "read_part", slow_read)
     ds = ss.ParquetStream(str(tmp_path), columns=["id"], rank=0, world_size=1, batch_size=64, read_ahead=1,
                           shuffle=True, shuffle_window=16)
     ds.set_epoch(0)

@@ -8,7 +8,7 @@ import bisect
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -246,48 +246,77 @@ def keep_rows(table: pa.Table, rows: np.ndarray, url: str, row_group: int) -> pa
     return table.take(pa.array(rows))
 
 
-def decode_rows(parquet: pq.ParquetFile, row_group: int, columns: list[str] | None, rows: np.ndarray | None,
-                total: int, batch_rows: int, combine_bytes: int) -> tuple[list[pa.RecordBatch], int, int]:
-    """Decode row group ``row_group`` in record batches of ``batch_rows``, keeping ``rows`` (sorted;
-    None: all) and stopping after the last of them: (kept batches, rows decoded, largest batch).
+class DecodeCounts:
+    """What ``decode_rows`` decoded so far: rows, and the largest record batch (rows)."""
 
-    Rows picked out of record batches (scattered rows: a shuffled part) are gathered into batches of
-    about ``combine_bytes``, so a part is a few chunks: taking a training batch's rows costs per
-    chunk and column (one more copy of at most ``combine_bytes`` at a time)."""
+    def __init__(self) -> None:
+        self.decoded = 0
+        self.largest = 0
+
+
+def decode_rows(parquet: pq.ParquetFile, row_group: int, columns: list[str] | None, rows: np.ndarray | None,
+                total: int, batch_rows: int, counts: DecodeCounts,
+                threads: bool = True) -> Iterator[tuple[pa.RecordBatch, np.ndarray | None]]:
+    """Decode row group ``row_group`` in record batches of ``batch_rows``, yielding each that holds
+    some of ``rows`` (sorted; None: all) as it is decoded, with the positions of those rows in it
+    (None: all of them; a run of rows comes as a zero-copy slice), and stopping after the last of
+    them; ``counts`` says how many rows were decoded and the largest batch. ``threads``: decode
+    columns in parallel on Arrow's thread pool. Nothing is held here between batches."""
     stop = total if rows is None else (int(rows[-1]) + 1 if len(rows) else 0)
-    kept: list[pa.RecordBatch] = []
-    picked: list[pa.RecordBatch] = []
-    start = largest = picked_bytes = 0
+    start = 0
     if not stop:
-        return kept, 0, 0
-    for batch in parquet.iter_batches(batch_size=batch_rows, row_groups=[row_group], columns=columns):
+        return
+    for batch in parquet.iter_batches(batch_size=batch_rows, row_groups=[row_group], columns=columns,
+                                      use_threads=threads):
         end = start + batch.num_rows
-        largest = max(largest, batch.num_rows)
-        if rows is None:
-            kept.append(batch)
-        else:
-            a, b = (int(x) for x in np.searchsorted(rows, [start, end]))
-            if b - a == batch.num_rows:
-                if picked:  # rows stay in file order
-                    kept.append(_combine(picked))
-                    picked, picked_bytes = [], 0
-                kept.append(batch)
-            elif b > a:  # a copy, so the rest of the record batch is freed
-                picked.append(batch.take(pa.array(rows[a:b] - start)))
-                picked_bytes += picked[-1].nbytes
-                if picked_bytes >= combine_bytes:
-                    kept.append(_combine(picked))
-                    picked, picked_bytes = [], 0
+        counts.largest = max(counts.largest, batch.num_rows)
+        counts.decoded = end
+        a, b = (0, batch.num_rows) if rows is None else (int(x) for x in np.searchsorted(rows, [start, end]))
+        if b - a == batch.num_rows:
+            yield batch, None
+        elif b > a and rows[b - 1] - rows[a] == b - a - 1:
+            yield batch.slice(int(rows[a]) - start, b - a), None
+        elif b > a:
+            yield batch, rows[a:b] - start
+        batch = None  # noqa: F841 - the consumer's piece is not held here while the next decodes
         start = end
         if start >= stop:
             break
+
+
+def join_pieces(pieces: Iterable[tuple[pa.Table, np.ndarray | None]], combine_bytes: int) -> pa.Table:
+    """The rows of ``decode_rows``-like pieces as one table. Rows picked out of a piece (scattered
+    rows: a shuffled part) are copied out of it (so the rest of it is freed), and such copies are
+    joined into chunks of about ``combine_bytes``, so the table is a few chunks: taking a training
+    batch's rows costs per chunk and column (one more copy of at most ``combine_bytes`` at a time);
+    a slice of a piece is kept as it is (a zero-copy view of it)."""
+    kept: list[pa.RecordBatch] = []
+    picked: list[pa.RecordBatch] = []
+    picked_bytes = 0
+    schema = None
+    for table, picks in pieces:
+        schema = table.schema
+        if picks is None:
+            if picked:  # rows stay in order
+                kept.append(_combine(picked))
+                picked, picked_bytes = [], 0
+            kept.extend(table.to_batches())
+            continue
+        piece = table.take(pa.array(picks))
+        picked.extend(piece.to_batches())
+        picked_bytes += piece.nbytes
+        if picked_bytes >= combine_bytes:
+            kept.append(_combine(picked))
+            picked, picked_bytes = [], 0
     if picked:
         kept.append(_combine(picked))
-    return kept, start, largest
+    assert schema is not None, "a streamed part has at least one piece"
+    return pa.Table.from_batches(kept, schema=schema)
 
 
 def _combine(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
     """One record batch of ``batches`` (a copy)."""
     if len(batches) == 1:
         return batches[0]
-    return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+    joined = pa.Table.from_batches(batches).combine_chunks().to_batches()
+    return joined[0] if joined else batches[0].slice(0, 0)

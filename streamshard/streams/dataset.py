@@ -29,7 +29,7 @@ from ..io.memory_room import available_bytes
 from ..format.deletions import stored_rows
 from ..io.partitions import check_partitioning, with_partition_columns
 from ..plan.epoch_plan import ORDER_VERSION, EpochPlan, Layout, PlanConfig
-from ..io.reader import RowGroupReader
+from ..io.reader import RowGroupReader, StreamedPart
 from ..plan.resume import Planner, Start
 from ..format.schema import parse_cast, read_as
 from .stream_base import PlannedStream
@@ -325,7 +325,7 @@ class ParquetStream(PlannedStream):
         reader = RowGroupReader.from_catalog(self.catalog, self.storage_options)
         stats = self._delivery_stats(reader.stats, start.worker_id)
         try:
-            read = lambda what: self._read(reader, what)  # noqa: E731
+            read = lambda what: self._read_part(reader, what)  # noqa: E731
             place = lambda what: self.catalog.place(what.rg)  # noqa: E731 - for conversion errors
             for batch in deliver(start.schedule, start.start, read, self.converter, self.read_ahead, stats,
                                  describe=place):
@@ -335,18 +335,27 @@ class ParquetStream(PlannedStream):
             reader.close()
 
     def _read(self, reader: RowGroupReader, what: Read) -> pa.Table:
+        got = self._read_part(reader, what)
+        return got if isinstance(got, pa.Table) else got.table()
+
+    def _read_part(self, reader: RowGroupReader, what: Read) -> pa.Table | StreamedPart:
+        """``_read``, except that a streamed row group comes as a ``StreamedPart`` decoded as it is
+        iterated (delivery converts it piece by piece: the part is never held in Arrow whole)."""
         catalog = self.catalog
         file_index, index = int(catalog.rg_file[what.rg]), int(catalog.rg_index[what.rg])
-        table = reader.read(file_index, index, stored_rows(catalog, what.rg, what.rows))  # deleted rows left out
-        if catalog.partition_values is not None:
-            table = with_partition_columns(table, catalog.partition_values, file_index, catalog.schema)
-        table = read_as(table, catalog.schema, f"{catalog.urls[file_index]}: row group {index}")
-        if what.rows is None and table.num_rows != catalog.rg_rows[what.rg]:
+        got = reader.read_part(file_index, index, stored_rows(catalog, what.rg, what.rows))  # deleted rows left out
+        rows = got.num_rows if isinstance(got, pa.Table) else got.rows
+        if what.rows is None and rows != catalog.rg_rows[what.rg]:
             raise ReadError(
-                f"{catalog.urls[file_index]}: row group {index} has {table.num_rows} rows but its footer said "
+                f"{catalog.urls[file_index]}: row group {index} has {rows} rows but its footer said "
                 f"{int(catalog.rg_rows[what.rg])}; did the file change?"
             )
-        return table
+
+        def finish(table: pa.Table) -> pa.Table:
+            if catalog.partition_values is not None:
+                table = with_partition_columns(table, catalog.partition_values, file_index, catalog.schema)
+            return read_as(table, catalog.schema, f"{catalog.urls[file_index]}: row group {index}")
+        return finish(got) if isinstance(got, pa.Table) else got.map(finish)
 
     # -- warnings -----------------------------------------------------------------------------
     def _warn_about_traps(self, num_workers: int | None = None) -> None:

@@ -32,7 +32,8 @@ from ..plan.batch_plan import BatchSpec, Read, Schedule
 from ..convert.batches import CORPUS, concat, padding_like, with_ids
 from ..errors import ConversionError
 from ..convert.gather import Gatherer, convert_read, gatherable
-from ..io.reader import ReadStats
+from ..convert.part_convert import convert_part
+from ..io.reader import ReadStats, StreamedPart
 from ..convert.tensors import Batch, BatchConverter
 
 _MAX_LOOKAHEAD = 64  # batch specs computed ahead to find the next reads, for schedules without upcoming_reads
@@ -50,7 +51,8 @@ class DeliveryStats:
 
     ``worker``: which of the rank's workers; ``busy_s``: producing batches (inside ``next()``); ``wait_s``: the part of it blocked on row-group
     reads; ``convert_s``: building batches of tensors from the reads; ``prepare_s``: converting each
-    read once for that, on the read-ahead threads (summed over them, like the reader's times);
+    read once for that, on the read-ahead threads (summed over them, like the reader's times; a
+    streamed row group's decoding interleaves with its conversion and is counted here too);
     ``reads``: the reader's own counters (bytes fetched, fetch and decode seconds, summed over the
     read-ahead threads).
     """
@@ -89,6 +91,8 @@ def deliver(
     gatherer = Gatherer(convert) if assemble is None and gatherable(convert) else None
     if gatherer is not None:  # each read converted once, on the thread that read it
         read = _converting(read, convert, describe, stats)
+    else:  # a streamed part (``read`` may return one) is joined into its table
+        read = _joined(read)
     specs = schedule.batches(start)
     upcoming = schedule.upcoming_reads(start) if read_ahead else None
     pending: dict[int, Future | _Ready] = {}
@@ -220,10 +224,12 @@ def _converting(read: Callable[[Read], pa.Table], convert: BatchConverter, descr
     lock = threading.Lock()  # several read-ahead threads add to one total
 
     def read_converted(what: Read) -> Any:
-        table = read(what)
+        got = read(what)
         began = time.perf_counter()
         try:
-            return convert_read(table, convert)
+            if isinstance(got, StreamedPart):  # a huge group's part: decoded as it converts (timed here too)
+                return convert_part(got, got.rows, convert)
+            return convert_read(got, convert)
         except ConversionError as exc:
             if describe is None:
                 raise
@@ -233,6 +239,14 @@ def _converting(read: Callable[[Read], pa.Table], convert: BatchConverter, descr
                 with lock:
                     stats.prepare_s += time.perf_counter() - began
     return read_converted
+
+
+def _joined(read: Callable[[Read], Any]) -> Callable[[Read], Any]:
+    """``read``, with a ``StreamedPart`` joined into one table."""
+    def read_table(what: Read) -> Any:
+        got = read(what)
+        return got.table() if isinstance(got, StreamedPart) else got
+    return read_table
 
 
 def _build_placed(spec: BatchSpec, tables: dict[int, pa.Table], convert: BatchConverter,
