@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from .batch_plan import BatchSpec, Read, Schedule
+from .batch_plan import BatchBlock, BatchSpec, Read, Schedule
 from .batches import CORPUS, concat, padding_like, with_ids
 from .errors import ConversionError
 from .gather import Gatherer, convert_read, gatherable
@@ -89,11 +89,11 @@ def deliver(
     gatherer = Gatherer(convert) if assemble is None and gatherable(convert) else None
     if gatherer is not None:  # each read converted once, on the thread that read it
         read = _converting(read, convert, describe, stats)
-    specs = schedule.batches(start)
+    blocks = schedule.blocks(start)  # consecutive batches built together (one for most schedules)
     upcoming = schedule.upcoming_reads(start) if read_ahead else None
     pending: dict[int, Future | _Ready] = {}
     submitted: set[int] = set()  # keys read this pass (a finished read is never read again)
-    lookahead: deque[BatchSpec] = deque()
+    lookahead: deque[BatchBlock] = deque()
     pool = (ThreadPoolExecutor(max_workers=read_ahead + _TOGETHER, thread_name_prefix="streamshard-read")
             if read_ahead else None)
     resolved: dict[int, Any] = {}  # finished reads' results (a Future's result() locks, per batch and read)
@@ -127,11 +127,11 @@ def deliver(
         nonlocal exhausted
         if exhausted:
             return False
-        spec = next(specs, None)
-        if spec is None:
+        block = next(blocks, None)
+        if block is None:
             exhausted = True
             return False
-        lookahead.append(spec)
+        lookahead.append(block)
         return True
 
     try:
@@ -139,12 +139,12 @@ def deliver(
             began = time.perf_counter()
             if not (lookahead or pull()):
                 break
-            spec = lookahead[0]
-            for key, what in spec.reads.items():
+            block = lookahead[0]
+            for key, what in block.reads.items():
                 if key not in pending:
                     submit(key, what)
-            if pool is not None:  # keep `read_ahead` reads in flight beyond the current batch's
-                ahead, j = sum(1 for k in pending if k not in spec.reads), 1
+            if pool is not None:  # keep `read_ahead` reads in flight beyond the current block's
+                ahead, j = sum(1 for k in pending if k not in block.reads), 1
                 while upcoming is not None and ahead < read_ahead:  # however many batches away
                     key, what = next(upcoming, (None, None))
                     if key is None:
@@ -159,40 +159,40 @@ def deliver(
                             ahead += 1
                     j += 1
             lookahead.popleft()
-            if assemble is not None:
+            real = len(block.read) > 0
+            if assemble is not None or real:
                 waited = time.perf_counter()
-                tables = results(spec.reads)
+                tables = results(block.reads)
                 converting = time.perf_counter()
-                batch = assemble(spec, tables)
-                if stats is not None:
-                    stats.wait_s += converting - waited
-                    stats.convert_s += time.perf_counter() - converting
-            elif spec.rows:
-                assert convert is not None  # every stream without its own assemble converts Arrow rows
-                waited = time.perf_counter()
-                tables = results(spec.reads)
-                converting = time.perf_counter()
-                if gatherer is not None:
-                    batch = gatherer.build(spec, tables)
+                if assemble is not None:
+                    batches = [assemble(spec, tables if block.count == 1 else {k: tables[k] for k in spec.reads})
+                               for spec in map(block.spec, range(block.count))]
                 else:
-                    batch = _build_placed(spec, tables, convert, describe)
-                template = batch
+                    assert convert is not None  # every stream without its own assemble converts Arrow rows
+                    if gatherer is not None:
+                        batches = gatherer.build_block(block, tables)
+                    else:
+                        batches = [_build_placed(spec, tables, convert, describe) for spec in map(block.spec, range(block.count))]
+                    template = batches[-1]
                 if stats is not None:
                     stats.wait_s += converting - waited
                     stats.convert_s += time.perf_counter() - converting
-            else:
+            else:  # padding only
                 assert convert is not None
                 if template is None:
                     template = _donor(schedule, read, convert, describe, gatherer)
-                batch = pad_batch(template, spec.padding, convert)
-            for key in spec.done:
+                batches = [pad_batch(template, block.padding[0], convert)]
+            if stats is not None:
+                stats.busy_s += time.perf_counter() - began
+            cuts = block.cuts.tolist()
+            for j, batch in enumerate(batches):
+                if stats is not None:
+                    stats.rows += cuts[j + 1] - cuts[j]
+                    stats.batches += 1
+                yield batch
+            for key in block.done:
                 pending.pop(key, None)
                 resolved.pop(key, None)
-            if stats is not None:
-                stats.rows += spec.rows
-                stats.batches += 1
-                stats.busy_s += time.perf_counter() - began
-            yield batch
     finally:
         for future in pending.values():
             if isinstance(future, Future):

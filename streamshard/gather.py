@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from .batch_plan import BatchSpec
+from .batch_plan import BatchBlock, BatchSpec, Read
 from .batches import CORPUS, SAMPLE_ID
 from .tensors import Batch, BatchConverter
 
@@ -115,6 +115,110 @@ class Gatherer:
         if spec.corpus is not None:
             batch[CORPUS] = _with_padding(spec.corpus, size)
         return {key: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for key, v in batch.items()}
+
+    def build_block(self, block: BatchBlock, parts: dict[int, Converted]) -> list[Batch]:
+        """The batches of ``block``, each exactly what ``build`` makes of it, with the work that is
+        per batch in ``build`` done once for the block: where its rows are (a run of one read, runs
+        of several, or a shuffle window's joined rows), each list's items gathered and padded for
+        all its rows in one vectorised pass (or, for a window of short rows padded once, gathered
+        as whole rows), then each batch a few copies out of that: numpy calls, no per-row Python,
+        the GIL released for the bytes."""
+        count = block.count
+        if count == 1:
+            return [self.build(block.spec(0), parts)]
+        keys = list(block.reads)
+        index = self._local(block.reads, block.read, block.row)
+        total = len(index)
+        window = None
+        if len(keys) == 1:
+            pieces: list[_Piece] | None = [_Piece(parts[keys[0]], index, slice(0, total))]
+            source, rows = parts[keys[0]].columns, pieces[0].rows
+        else:
+            pieces = _runs(block.read, index, parts, len(keys))
+            if pieces is not None:  # runs of several reads: their per-row keys joined for the block
+                source, rows = self._rows([(p.source.columns, p.rows, p.at) for p in pieces], total), slice(0, total)
+            else:
+                window = self._window
+                if window is None or not window.holds.issuperset(keys):
+                    window = self._window = None  # the old one goes first
+                    window = self._window = _Window(sorted(keys), parts, self.keys, self.items_of)
+                source, rows = window.columns, window.rows(block.read, index)
+        cuts = block.cuts.tolist()
+        # Per list: its lengths for the whole block, and how each batch's items are taken.
+        lists: dict[str, tuple[np.ndarray, Any]] = {}
+        for lengths_key in self.lists:
+            lengths = _pick(source[lengths_key], rows)
+            item_keys = self._item_keys[lengths_key]
+            if not self.padded:  # flat: every item of the block in order, each batch a slice of it
+                held: dict[str, np.ndarray] = {lengths_key: lengths}
+                self._block_items(held, lengths_key, pieces, window, rows)
+                starts = np.zeros(total + 1, dtype=np.int64)
+                np.cumsum(lengths, out=starts[1:])
+                lists[lengths_key] = (lengths, ("flat", held, starts[cuts].tolist()))
+                continue
+            widths = np.maximum.reduceat(lengths, cuts[:-1]).tolist() if total else [0] * count
+            longest = max(widths, default=0)
+            if window is not None and window.joins(lengths_key, item_keys):
+                padded = [window.padded(key, lengths_key) for key in item_keys]
+                if padded[0] is not None:  # the window's rows padded once: each batch gathers whole rows
+                    lists[lengths_key] = (lengths, ("rows", dict(zip(item_keys, padded)), widths))
+                    continue
+            cells = sum((b - a) * w for a, b, w in zip(cuts[:-1], cuts[1:], widths))
+            itemsize = sum(parts[keys[0]].columns[key].itemsize for key in item_keys)
+            if total * longest > _PAD_GROWTH * max(cells, total) or total * longest * itemsize > _JOIN_BYTES:
+                # A few long rows: padding the block to its longest row would cost more than its batches.
+                return [self.build(block.spec(j), parts) for j in range(count)]
+            held = {lengths_key: lengths}
+            self._block_items(held, lengths_key, pieces, window, rows)
+            lists[lengths_key] = (lengths, ("block", held, widths))
+        out = []
+        for j in range(count):
+            a, b, pad = cuts[j], cuts[j + 1], block.padding[j]
+            size = b - a + pad
+            batch: dict[str, Any] = {}
+            for key in self.keys:
+                if self.items_of[key] is None and key not in lists:
+                    batch[key] = _rows_of(source[key], _sub(rows, a, b), pad)
+            for lengths_key, (lengths, (kind, held, where)) in lists.items():
+                batch[lengths_key] = _with_zeros(lengths[a:b], pad, copy=True)
+                for key in self._item_keys[lengths_key]:
+                    if kind == "flat":
+                        batch[key] = held[key][where[j]:where[j + 1]].copy()
+                    elif kind == "rows":
+                        picked = held[key][rows[a:b], :where[j]]
+                        batch[key] = picked if not pad else _with_zeros(picked, pad)
+                    else:
+                        batch[key] = _with_zeros(held[key][a:b, :where[j]], pad, copy=True)
+            batch = {key: batch[key] for key in self.keys}
+            batch[SAMPLE_ID] = _with_padding(block.sample_id[a:b], size)
+            if block.corpus is not None:
+                batch[CORPUS] = _with_padding(block.corpus[a:b], size)
+            out.append({key: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for key, v in batch.items()})
+        return out
+
+    def _local(self, reads: dict[int, Read], read: np.ndarray, row: np.ndarray) -> np.ndarray:
+        """Positions in their reads of rows ``row`` of reads ``read`` (reads holding only the rows
+        this worker owns map row numbers to positions)."""
+        partial = [k for k in reads if reads[k].rows is not None]
+        if not partial:
+            return row
+        index = row.copy()
+        for key in partial:
+            mine = read == key if len(reads) > 1 else slice(None)
+            index[mine] = reads[key].local_rows(row[mine])
+        return index
+
+    def _block_items(self, held: dict[str, Any], lengths_key: str, pieces: list[_Piece] | None,
+                     window: _Window | None, rows: Any) -> None:
+        """The items of list ``lengths_key`` of a block's rows (``held[lengths_key]``: their
+        lengths), padded to the block's longest row or flat, into ``held``."""
+        if window is None:
+            assert pieces is not None
+            self._items(held, lengths_key, pieces)
+        elif window.joins(lengths_key, self._item_keys[lengths_key]):
+            self._window_gather(held, lengths_key, window, rows)
+        else:
+            self._window_items(held, lengths_key, window, rows)
 
     def _rows(self, sources: list[tuple[dict[str, Any], Any, Any]], size: int) -> dict[str, Any]:
         """The per-row keys: each source's rows (an index array or a slice) at its places, the rest
@@ -412,6 +516,47 @@ class _Window:
             base = np.concatenate([[0], ends[:-1]]).astype(np.int64)
             starts = self._item_starts[lengths] = self.starts[lengths] + base[self.part]
         return starts
+
+
+def _pick(values: Any, rows: Any) -> Any:
+    """Rows ``rows`` (a slice or an index array) of a per-row column (an array or a list)."""
+    if isinstance(rows, slice):
+        return values[rows]
+    if isinstance(values, np.ndarray):
+        return np.take(values, rows, axis=0)
+    return [values[i] for i in rows.tolist()]
+
+
+def _sub(rows: Any, a: int, b: int) -> Any:
+    """Entries ``a:b`` of ``rows`` (a slice or an index array)."""
+    if isinstance(rows, slice):
+        return slice(rows.start + a, rows.start + b)
+    return rows[a:b]
+
+
+def _rows_of(values: Any, rows: Any, pad: int) -> Any:
+    """A batch's own copy of rows ``rows`` of a per-row column, then ``pad`` padding rows (zeros;
+    None for text)."""
+    if not isinstance(values, np.ndarray):
+        picked = values[rows] if isinstance(rows, slice) else [values[i] for i in rows.tolist()]
+        return picked + [None] * pad if pad else picked
+    if isinstance(rows, slice):
+        return _with_zeros(values[rows], pad, copy=True)
+    if not pad:
+        return np.take(values, rows, axis=0)
+    out = np.zeros((len(rows) + pad,) + values.shape[1:], dtype=values.dtype)
+    np.take(values, rows, axis=0, out=out[:len(rows)], mode="clip")  # in range: clip skips a buffer
+    return out
+
+
+def _with_zeros(values: np.ndarray, pad: int, copy: bool = False) -> np.ndarray:
+    """``values`` then ``pad`` rows of zeros, in a new array (``values`` itself, or a copy of it
+    with ``copy``, when ``pad`` is 0)."""
+    if not pad:
+        return np.array(values, copy=True) if copy else values
+    out = np.zeros((len(values) + pad,) + values.shape[1:], dtype=values.dtype)
+    out[:len(values)] = values
+    return out
 
 
 def _with_padding(values: np.ndarray, size: int) -> torch.Tensor:
