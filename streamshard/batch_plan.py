@@ -330,28 +330,55 @@ class StreamSchedule(Schedule):
         """Labels of window ``w`` and, per delivered row, how many rows of its piece came before."""
         if self._labels is None or self._labels[0] != w:
             labels = self.plan.window_labels(self.pieces.take(slice(p0, p1)))
-            self._labels = (w, labels, occurrence_rank(labels))
+            self._labels = (w, labels, *_ranks(labels))
             self._rows = None
         return self._labels[1], self._labels[2]
 
     def _window_rows(self, w: int, p0: int) -> np.ndarray:
         """Per delivered row of window ``w`` (the current one), its row number inside its row group:
-        worked out once per window rather than a few rows of every row group per batch."""
+        worked out once per window rather than a few rows of every row group per batch. Each piece's
+        rows are its emitted positions in order (``row_positions``), so the window's are those of
+        its pieces end to end, picked in delivered order."""
         if self._rows is None:
             assert self._labels is not None and self._labels[0] == w
-            piece = p0 + self._labels[1]
-            self._rows = self.plan.rows_at(self.pieces.rg[piece], self.pieces.lo[piece] + self._labels[2])
+            p = self.pieces
+            count = int(self._labels[1].max(initial=-1)) + 1
+            joined = [self.plan.row_positions(int(p.rg[k]), int(p.lo[k]), int(p.hi[k])) for k in range(p0, p0 + count)]
+            self._rows = np.concatenate(joined)[self._labels[3]] if joined else _EMPTY
         return self._rows
+
+
+def _small(labels: np.ndarray) -> bool:
+    """Whether ``labels`` are all in ``[0, 2**15)`` (a window's pieces, a blend's corpora)."""
+    return bool(len(labels)) and 0 <= int(labels.min()) and int(labels.max()) < 2**15
+
+
+def _stable_order(labels: np.ndarray, small: bool | None = None) -> np.ndarray:
+    """``np.argsort(labels, kind="stable")``; labels of a small range sorted as int16 (a radix sort,
+    ~10x faster on a window's ~65,536 rows), which gives the same order."""
+    if _small(labels) if small is None else small:
+        return np.argsort(labels.astype(np.int16), kind="stable")
+    return np.argsort(labels, kind="stable")
+
+
+def _ranks(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per position: how many earlier positions carry its label (``occurrence_rank``), and its place
+    among all positions sorted stably by label (its row in the pieces' rows end to end)."""
+    small = _small(labels)
+    order = _stable_order(labels, small)
+    place = np.empty(len(labels), dtype=np.int64)
+    place[order] = np.arange(len(labels), dtype=np.int64)
+    if small:
+        counts = np.bincount(labels)
+        before = np.cumsum(counts) - counts  # positions of smaller labels
+        return place - before[labels], place
+    sorted_labels = labels[order]
+    return place - np.searchsorted(sorted_labels, sorted_labels, side="left")[place], place
 
 
 def occurrence_rank(labels: np.ndarray) -> np.ndarray:
     """For each position, how many earlier positions carry the same label."""
-    order = np.argsort(labels, kind="stable")
-    sorted_labels = labels[order]
-    group_start = np.searchsorted(sorted_labels, sorted_labels, side="left")
-    rank = np.empty(len(labels), dtype=np.int64)
-    rank[order] = np.arange(len(labels), dtype=np.int64) - group_start
-    return rank
+    return _ranks(labels)[0]
 
 
 def _first_use(keys: np.ndarray) -> list[int]:
@@ -359,8 +386,10 @@ def _first_use(keys: np.ndarray) -> list[int]:
     if len(keys) and keys[0] == keys[-1]:  # one read (no shuffle window): the common case
         if bool((keys == keys[0]).all()):
             return [int(keys[0])]
-    unique, first = np.unique(keys, return_index=True)
-    return unique[np.argsort(first)].tolist()
+    order = _stable_order(keys)
+    ordered = keys[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])  # each key's first place, by key
+    return ordered[starts][np.argsort(order[starts])].tolist()
 
 
 def first_rows_spec(plan: EpochPlan, rows: int) -> BatchSpec | None:
