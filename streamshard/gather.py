@@ -104,7 +104,9 @@ class Gatherer:
                 window = self._window = None  # the old one goes first
                 window = self._window = _Window(sorted(keys), parts, self.keys, self.items_of)
             rows = window.rows(spec.read, index)
-            batch = self._rows([(window.columns, rows, slice(0, n))], size)
+            batch = self._rows([(window.columns, rows, slice(0, n))], size, skip=window.wide)
+            for key in window.wide:
+                batch[key] = window.wide_rows(key, rows, size - n)
             for lengths_key in self.lists:
                 if window.joins(lengths_key, self._item_keys[lengths_key]):  # a few items a row
                     self._window_gather(batch, lengths_key, window, rows)
@@ -178,7 +180,10 @@ class Gatherer:
             batch: dict[str, Any] = {}
             for key in self.keys:
                 if self.items_of[key] is None and key not in lists:
-                    batch[key] = _rows_of(source[key], _sub(rows, a, b), pad)
+                    if window is not None and key in window.wide:
+                        batch[key] = window.wide_rows(key, rows[a:b], pad)
+                    else:
+                        batch[key] = _rows_of(source[key], _sub(rows, a, b), pad)
             for lengths_key, (lengths, (kind, held, where)) in lists.items():
                 batch[lengths_key] = _with_zeros(lengths[a:b], pad, copy=True)
                 for key in self._item_keys[lengths_key]:
@@ -220,12 +225,13 @@ class Gatherer:
         else:
             self._window_items(held, lengths_key, window, rows)
 
-    def _rows(self, sources: list[tuple[dict[str, Any], Any, Any]], size: int) -> dict[str, Any]:
-        """The per-row keys: each source's rows (an index array or a slice) at its places, the rest
-        of the ``size`` rows padding (zeros; None for text)."""
+    def _rows(self, sources: list[tuple[dict[str, Any], Any, Any]], size: int,
+              skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+        """The per-row keys (but ``skip``): each source's rows (an index array or a slice) at its
+        places, the rest of the ``size`` rows padding (zeros; None for text)."""
         out: dict[str, Any] = {}
         for key in self.keys:
-            if self.items_of[key] is not None:
+            if self.items_of[key] is not None or key in skip:
                 continue
             first = sources[0][0][key]
             if isinstance(first, np.ndarray):
@@ -373,6 +379,7 @@ _COLUMNS = np.zeros(0, dtype=np.int64)
 _SLICE_ROWS_FROM = 32  # items per row, on average, from which rows are copied a slice each
 _PAD_GROWTH = 2.5  # a window's short rows are padded once when that takes at most this x their items' cells
 _JOIN_BYTES = 64 << 20  # at most this much of a shuffle window's short rows' items joined for gathering
+_WIDE_ROW = 1024  # bytes a row from which a per-row key (a fixed-size list) stays in its reads in a window
 
 
 def _copy_spans(out: np.ndarray, sources: list[Any], spans: list[tuple[int, int, int, int]]) -> None:
@@ -443,11 +450,34 @@ class _Window:
         self.starts = {lengths: np.concatenate([p.offsets[lengths][:-1] for p in self.parts])
                        for lengths in self.parts[0].offsets}
         self.columns: dict[str, Any] = {}
+        wide: set[str] = set()
         for key in batch_keys:
             if items_of[key] is None:
                 values = [p.columns[key] for p in self.parts]
+                if isinstance(values[0], np.ndarray) and values[0].ndim > 1 and \
+                        values[0].itemsize * int(np.prod(values[0].shape[1:])) >= _WIDE_ROW:
+                    wide.add(key)  # whole rows of tokens: gathered from their reads, not copied once more
+                    continue
                 self.columns[key] = np.concatenate(values) if isinstance(values[0], np.ndarray) else [
                     v for part in values for v in part]
+        self.wide = frozenset(wide)
+
+    def wide_rows(self, key: str, rows: np.ndarray, pad: int) -> np.ndarray:
+        """Joined rows ``rows`` of ``key``, a per-row key of wide rows (fixed-size lists, such as
+        4,096 tokens a row) that the window leaves in its reads, then ``pad`` rows of zeros: one
+        gather per read the rows come from."""
+        first = self.parts[0].columns[key]
+        out = np.empty((len(rows) + pad,) + first.shape[1:], dtype=first.dtype)
+        out[len(rows):] = 0
+        part = self.part[rows]
+        order = np.argsort(part, kind="stable")
+        cuts = (np.flatnonzero(np.diff(part[order])) + 1).tolist()
+        for a, b in zip([0] + cuts, cuts + [len(rows)]):
+            places = order[a:b]
+            if len(places):
+                k = int(part[places[0]])
+                out[places] = self.parts[k].columns[key][rows[places] - self.row_base[k]]
+        return out
 
     def views(self, key: str) -> list[Any]:
         """Each read's column ``key`` as a ``_flat_view``, made once per window."""

@@ -197,10 +197,11 @@ def blocks(draw):
 @pytest.mark.parametrize("item_path", ITEM_PATHS, ids=["slices", "gather-padded-window", "gather-joined", "gather-no-room"])
 @pytest.mark.parametrize("lists", ["padded", "flat"])
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(case=blocks())
-def test_batches_built_together_equal_each_batch_converted_alone(lists, item_path, case):
+@given(case=blocks(), wide=st.booleans())
+def test_batches_built_together_equal_each_batch_converted_alone(lists, item_path, case, wide):
     """A block's batches (``Gatherer.build_block``: one gather per key for all of them) are exactly
-    the batches of converting each one's rows alone: same rows, order, padding, dtypes, shapes."""
+    the batches of converting each one's rows alone: same rows, order, padding, dtypes, shapes.
+    ``wide``: rows of fixed-size lists left in their reads (gathered read by read) in a window."""
     name, block, tables = case
     converter = BatchConverter(TABLES[name].schema, lists=lists, inner_nulls="mask")
     gatherer = Gatherer(converter)
@@ -209,6 +210,7 @@ def test_batches_built_together_equal_each_batch_converted_alone(lists, item_pat
         patch.setattr(gather_module, "_SLICE_ROWS_FROM", item_path[0])
         patch.setattr(gather_module, "_JOIN_BYTES", item_path[1])
         patch.setattr(gather_module, "_PAD_GROWTH", item_path[2])
+        patch.setattr(gather_module, "_WIDE_ROW", 0 if wide else gather_module._WIDE_ROW)
         got = gatherer.build_block(block, {k: parts[k] for k in block.reads})
     assert len(got) == block.count
     for j, batch in enumerate(got):
