@@ -15,6 +15,15 @@ costs at most ``_PAD_GROWTH`` x their own cells and ``_JOIN_BYTES``), so a padde
 gather of whole rows; otherwise (and for flat lists) joined once per window and gathered per batch
 in one element gather.
 
+Consecutive batches that share their reads (a shuffle window's, or one row group's without shuffle:
+a ``batch_plan.BatchBlock``) are built together (:meth:`Gatherer.build_block`): where their rows
+are is worked out once, each list's items are taken for all of them in one vectorised pass (padded
+to the block's longest row, at most ``_PAD_GROWTH`` x the batches' own cells and ``_JOIN_BYTES``,
+or flat), and each batch is then a few numpy copies out of that, into memory it owns. Per batch
+that is a handful of numpy calls and no per-row Python; the bytes move with the GIL released.
+Per-row keys of wide rows (fixed-size lists of ``_WIDE_ROW`` bytes or more, such as 4,096 tokens)
+are not joined for a window: a batch gathers them read by read.
+
 Schemas with inner list levels (lists of lists, whose entries hang off items rather than rows)
 keep the whole-batch conversion (``delivery.build``); :func:`gatherable` says which.
 """
@@ -151,9 +160,18 @@ class Gatherer:
         for lengths_key in self.lists:
             lengths = _pick(source[lengths_key], rows)
             item_keys = self._item_keys[lengths_key]
+            itemsize = sum(parts[keys[0]].columns[key].itemsize for key in item_keys)
             if not self.padded:  # flat: every item of the block in order, each batch a slice of it
+                if int(lengths.sum()) * itemsize > _JOIN_BYTES:  # long rows: batch by batch holds less
+                    return [self.build(block.spec(j), parts) for j in range(count)]
                 held: dict[str, np.ndarray] = {lengths_key: lengths}
-                self._block_items(held, lengths_key, pieces, window, rows)
+                padded = [window.padded(key, lengths_key) for key in item_keys] \
+                    if window is not None and window.joins(lengths_key, item_keys) else [None]
+                if padded[0] is not None:  # the window's rows padded once: whole rows, then their items
+                    cells = _columns(padded[0].shape[1]) < lengths[:, None]
+                    held.update((key, rows_of_window[rows][cells]) for key, rows_of_window in zip(item_keys, padded))
+                else:
+                    self._block_items(held, lengths_key, pieces, window, rows)
                 starts = np.zeros(total + 1, dtype=np.int64)
                 np.cumsum(lengths, out=starts[1:])
                 lists[lengths_key] = (lengths, ("flat", held, starts[cuts].tolist()))
@@ -166,39 +184,51 @@ class Gatherer:
                     lists[lengths_key] = (lengths, ("rows", dict(zip(item_keys, padded)), widths))
                     continue
             cells = sum((b - a) * w for a, b, w in zip(cuts[:-1], cuts[1:], widths))
-            itemsize = sum(parts[keys[0]].columns[key].itemsize for key in item_keys)
             if total * longest > _PAD_GROWTH * max(cells, total) or total * longest * itemsize > _JOIN_BYTES:
                 # A few long rows: padding the block to its longest row would cost more than its batches.
                 return [self.build(block.spec(j), parts) for j in range(count)]
             held = {lengths_key: lengths}
             self._block_items(held, lengths_key, pieces, window, rows)
             lists[lengths_key] = (lengths, ("block", held, widths))
+        # Per-row keys gathered once for the block, into memory the block owns: each batch is a
+        # view of its rows (batches never overlap, so a loop writing into one leaves the others).
+        wide = window.wide if window is not None else frozenset()
+        owned: dict[str, Any] = {}
+        for key in self.keys:
+            if self.items_of[key] is None and key not in wide:
+                owned[key] = lists[key][0] if key in lists else _pick(source[key], rows)
+                if isinstance(rows, slice) and isinstance(owned[key], np.ndarray):
+                    owned[key] = owned[key].copy()  # a slice of the read's own column
+        ids = np.array(block.sample_id, dtype=np.int64)
+        corpus = None if block.corpus is None else np.array(block.corpus, dtype=np.int64)
         out = []
         for j in range(count):
             a, b, pad = cuts[j], cuts[j + 1], block.padding[j]
-            size = b - a + pad
             batch: dict[str, Any] = {}
             for key in self.keys:
-                if self.items_of[key] is None and key not in lists:
-                    if window is not None and key in window.wide:
-                        batch[key] = window.wide_rows(key, rows[a:b], pad)
-                    else:
-                        batch[key] = _rows_of(source[key], _sub(rows, a, b), pad)
-            for lengths_key, (lengths, (kind, held, where)) in lists.items():
-                batch[lengths_key] = _with_zeros(lengths[a:b], pad, copy=True)
-                for key in self._item_keys[lengths_key]:
-                    if kind == "flat":
-                        batch[key] = held[key][where[j]:where[j + 1]].copy()
-                    elif kind == "rows":
-                        picked = held[key][rows[a:b], :where[j]]
-                        batch[key] = picked if not pad else _with_zeros(picked, pad)
-                    else:
-                        batch[key] = _with_zeros(held[key][a:b, :where[j]], pad, copy=True)
-            batch = {key: batch[key] for key in self.keys}
-            batch[SAMPLE_ID] = _with_padding(block.sample_id[a:b], size)
-            if block.corpus is not None:
-                batch[CORPUS] = _with_padding(block.corpus[a:b], size)
-            out.append({key: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for key, v in batch.items()})
+                lengths_key = self.items_of[key]
+                if lengths_key is None:
+                    if key in wide:
+                        batch[key] = torch.from_numpy(window.wide_rows(key, rows[a:b], pad))
+                        continue
+                    values = owned[key][a:b]
+                    if not isinstance(values, np.ndarray):
+                        batch[key] = values + [None] * pad if pad else values
+                        continue
+                    batch[key] = torch.from_numpy(_with_zeros(values, pad))
+                    continue
+                kind, held, where = lists[lengths_key][1]
+                if kind == "flat":  # the block's own array: a view
+                    batch[key] = torch.from_numpy(held[key][where[j]:where[j + 1]])
+                elif kind == "rows":
+                    picked = held[key][rows[a:b], :where[j]]
+                    batch[key] = torch.from_numpy(_with_zeros(picked, pad))
+                else:
+                    batch[key] = torch.from_numpy(_with_zeros(held[key][a:b, :where[j]], pad, copy=True))
+            batch[SAMPLE_ID] = torch.from_numpy(ids[a:b] if not pad else _with_minus_ones(ids[a:b], pad))
+            if corpus is not None:
+                batch[CORPUS] = torch.from_numpy(corpus[a:b] if not pad else _with_minus_ones(corpus[a:b], pad))
+            out.append(batch)
         return out
 
     def _local(self, reads: dict[int, Read], read: np.ndarray, row: np.ndarray) -> np.ndarray:
@@ -585,6 +615,12 @@ def _with_zeros(values: np.ndarray, pad: int, copy: bool = False) -> np.ndarray:
     if not pad:
         return np.array(values, copy=True) if copy else values
     out = np.zeros((len(values) + pad,) + values.shape[1:], dtype=values.dtype)
+    out[:len(values)] = values
+    return out
+
+
+def _with_minus_ones(values: np.ndarray, pad: int) -> np.ndarray:
+    out = np.full(len(values) + pad, -1, dtype=np.int64)
     out[:len(values)] = values
     return out
 
