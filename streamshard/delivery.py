@@ -4,8 +4,9 @@ The one delivery path of every stream. A :class:`~streamshard.batch_plan.Schedul
 batch; this module fetches the row groups its specs name (``read_ahead`` reads in flight on
 background threads: pyarrow decodes without the GIL), converts each one once on the thread that
 read it (``gather.py``), holds it until the last batch that needs it, and gathers each batch's
-rows from the reads it names, padded. Schemas with inner list levels convert each batch's rows
-instead (``build``). Memory: the groups the current batch still
+rows from the reads it names, padded, the batches of a block (``Schedule.blocks``: a shuffle
+window's, at most 65,536 rows) together (``Gatherer.build_block``). Schemas with inner list levels
+convert each batch's rows instead (``build``). Memory: the groups the current block still
 shares with later ones plus ``read_ahead`` groups read ahead, never a file; of a group this worker
 owns only part of, only that part (the read names its rows, ``Read.rows``; ``local_rows`` maps
 row numbers into it).
@@ -159,21 +160,21 @@ def deliver(
                             ahead += 1
                     j += 1
             lookahead.popleft()
-            real = len(block.read) > 0
-            if assemble is not None or real:
+            batches: Iterator[Batch]
+            if assemble is not None or len(block.read):
                 waited = time.perf_counter()
                 tables = results(block.reads)
                 converting = time.perf_counter()
                 if assemble is not None:
-                    batches = [assemble(spec, tables if block.count == 1 else {k: tables[k] for k in spec.reads})
-                               for spec in map(block.spec, range(block.count))]
+                    batches = (assemble(spec, tables if block.count == 1 else {k: tables[k] for k in spec.reads})
+                               for spec in map(block.spec, range(block.count)))
                 else:
                     assert convert is not None  # every stream without its own assemble converts Arrow rows
                     if gatherer is not None:
-                        batches = gatherer.build_block(block, tables)
+                        batches = gatherer.build_block(block, tables)  # each batch made as it is asked for
                     else:
-                        batches = [_build_placed(spec, tables, convert, describe) for spec in map(block.spec, range(block.count))]
-                    template = batches[-1]
+                        batches = (_build_placed(spec, tables, convert, describe)
+                                   for spec in map(block.spec, range(block.count)))
                 if stats is not None:
                     stats.wait_s += converting - waited
                     stats.convert_s += time.perf_counter() - converting
@@ -181,15 +182,21 @@ def deliver(
                 assert convert is not None
                 if template is None:
                     template = _donor(schedule, read, convert, describe, gatherer)
-                batches = [pad_batch(template, block.padding[0], convert)]
-            if stats is not None:
-                stats.busy_s += time.perf_counter() - began
+                batches = iter([pad_batch(template, block.padding[0], convert)])
             cuts = block.cuts.tolist()
-            for j, batch in enumerate(batches):
+            for j in range(block.count):
+                converting = time.perf_counter()
+                batch = next(batches)
+                if assemble is None and len(block.read):
+                    template = batch
                 if stats is not None:
+                    done_at = time.perf_counter()
+                    stats.convert_s += done_at - converting
+                    stats.busy_s += done_at - began
                     stats.rows += cuts[j + 1] - cuts[j]
                     stats.batches += 1
                 yield batch
+                began = time.perf_counter()
             for key in block.done:
                 pending.pop(key, None)
                 resolved.pop(key, None)

@@ -31,7 +31,7 @@ keep the whole-batch conversion (``delivery.build``); :func:`gatherable` says wh
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -127,7 +127,7 @@ class Gatherer:
             batch[CORPUS] = _with_padding(spec.corpus, size)
         return {key: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for key, v in batch.items()}
 
-    def build_block(self, block: BatchBlock, parts: dict[int, Converted]) -> list[Batch]:
+    def build_block(self, block: BatchBlock, parts: dict[int, Converted]) -> Iterator[Batch]:
         """The batches of ``block``, each exactly what ``build`` makes of it, with the work that is
         per batch in ``build`` done once for the block: where its rows are (a run of one read, runs
         of several, or a shuffle window's joined rows), each list's items gathered and padded for
@@ -136,7 +136,7 @@ class Gatherer:
         the GIL released for the bytes."""
         count = block.count
         if count == 1:
-            return [self.build(block.spec(0), parts)]
+            return iter([self.build(block.spec(0), parts)])
         keys = list(block.reads)
         index = self._local(block.reads, block.read, block.row)
         total = len(index)
@@ -163,7 +163,7 @@ class Gatherer:
             itemsize = sum(parts[keys[0]].columns[key].itemsize for key in item_keys)
             if not self.padded:  # flat: every item of the block in order, each batch a slice of it
                 if int(lengths.sum()) * itemsize > _JOIN_BYTES:  # long rows: batch by batch holds less
-                    return [self.build(block.spec(j), parts) for j in range(count)]
+                    return self._one_by_one(block, parts)
                 held: dict[str, np.ndarray] = {lengths_key: lengths}
                 padded = [window.padded(key, lengths_key) for key in item_keys] \
                     if window is not None and window.joins(lengths_key, item_keys) else [None]
@@ -186,7 +186,7 @@ class Gatherer:
             cells = sum((b - a) * w for a, b, w in zip(cuts[:-1], cuts[1:], widths))
             if total * longest > _PAD_GROWTH * max(cells, total) or total * longest * itemsize > _JOIN_BYTES:
                 # A few long rows: padding the block to its longest row would cost more than its batches.
-                return [self.build(block.spec(j), parts) for j in range(count)]
+                return self._one_by_one(block, parts)
             held = {lengths_key: lengths}
             self._block_items(held, lengths_key, pieces, window, rows)
             lists[lengths_key] = (lengths, ("block", held, widths))
@@ -201,8 +201,19 @@ class Gatherer:
                     owned[key] = owned[key].copy()  # a slice of the read's own column
         ids = np.array(block.sample_id, dtype=np.int64)
         corpus = None if block.corpus is None else np.array(block.corpus, dtype=np.int64)
-        out = []
-        for j in range(count):
+        return self._batches(block, lists, owned, wide, window, rows, ids, corpus)
+
+    def _one_by_one(self, block: BatchBlock, parts: dict[int, Converted]) -> Iterator[Batch]:
+        """A block's batches built each on its own (``build``), as they are asked for."""
+        return (self.build(block.spec(j), parts) for j in range(block.count))
+
+    def _batches(self, block: BatchBlock, lists: dict[str, tuple[np.ndarray, Any]], owned: dict[str, Any],
+                 wide: frozenset[str], window: _Window | None, rows: Any, ids: np.ndarray,
+                 corpus: np.ndarray | None) -> Iterator[Batch]:
+        """The batches of a block prepared by ``build_block``, each made as it is asked for (the
+        block holds its per-row keys and list items once; its batches are not all alive at once)."""
+        cuts = block.cuts.tolist()
+        for j in range(block.count):
             a, b, pad = cuts[j], cuts[j + 1], block.padding[j]
             batch: dict[str, Any] = {}
             for key in self.keys:
@@ -228,8 +239,7 @@ class Gatherer:
             batch[SAMPLE_ID] = torch.from_numpy(ids[a:b] if not pad else _with_minus_ones(ids[a:b], pad))
             if corpus is not None:
                 batch[CORPUS] = torch.from_numpy(corpus[a:b] if not pad else _with_minus_ones(corpus[a:b], pad))
-            out.append(batch)
-        return out
+            yield batch
 
     def _local(self, reads: dict[int, Read], read: np.ndarray, row: np.ndarray) -> np.ndarray:
         """Positions in their reads of rows ``row`` of reads ``read`` (reads holding only the rows

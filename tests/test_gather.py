@@ -211,7 +211,7 @@ def test_batches_built_together_equal_each_batch_converted_alone(lists, item_pat
         patch.setattr(gather_module, "_JOIN_BYTES", item_path[1])
         patch.setattr(gather_module, "_PAD_GROWTH", item_path[2])
         patch.setattr(gather_module, "_WIDE_ROW", 0 if wide else gather_module._WIDE_ROW)
-        got = gatherer.build_block(block, {k: parts[k] for k in block.reads})
+        got = list(gatherer.build_block(block, {k: parts[k] for k in block.reads}))
     assert len(got) == block.count
     for j, batch in enumerate(got):
         spec = block.spec(j)
@@ -220,7 +220,7 @@ def test_batches_built_together_equal_each_batch_converted_alone(lists, item_pat
         for value in batch.values():
             if isinstance(value, torch.Tensor):
                 value.fill_(-7)
-    again = gatherer.build_block(block, {k: parts[k] for k in block.reads})
+    again = list(gatherer.build_block(block, {k: parts[k] for k in block.reads}))
     for j, batch in enumerate(again):
         spec = block.spec(j)
         _check_same(batch, build(spec, {k: tables[k] for k in spec.reads}, converter))
