@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import streamshard.convert.gather as gather_module
-from streamshard.plan.batch_plan import BatchSpec, Read
+from streamshard.plan.batch_plan import BatchBlock, BatchSpec, Read
 from streamshard.streams.delivery import build
 from streamshard.convert.gather import Gatherer, convert_read, gatherable
 from streamshard.convert.tensors import BatchConverter
@@ -169,3 +169,58 @@ def test_lists_of_lists_keep_the_whole_batch_conversion():
     nested = pa.schema([("v", pa.list_(pa.list_(pa.int32())))])
     assert not gatherable(BatchConverter(nested))
     assert gatherable(BatchConverter(TABLES["maps"].schema))
+
+
+@st.composite
+def blocks(draw):
+    """Consecutive batches of one pass built together (``BatchBlock``): rows drawn from the reads
+    of ``batches()`` in any order (or read after read), cut into batches, each with its padding."""
+    name, specs, tables = draw(batches())
+    reads = {k: r for spec in specs for k, r in spec.reads.items()}
+    owned = {k: (np.arange(tables[k].num_rows) if r.rows is None else r.rows) for k, r in reads.items()}
+    pairs = [(k, int(r)) for k, rows in owned.items() for r in rows]
+    chosen = draw(st.lists(st.sampled_from(pairs), unique=True, min_size=1, max_size=len(pairs)))
+    if draw(st.booleans()):
+        chosen.sort()
+    cuts = sorted(draw(st.sets(st.integers(1, len(chosen) - 1), max_size=4))) if len(chosen) > 1 else []
+    bounds = np.array([0] + cuts + [len(chosen)], dtype=np.int64)
+    padding = tuple(draw(st.lists(st.integers(0, 3), min_size=len(bounds) - 1, max_size=len(bounds) - 1)))
+    read = np.array([k for k, _ in chosen], dtype=np.int64)
+    row = np.array([r for _, r in chosen], dtype=np.int64)
+    used = list(dict.fromkeys(read.tolist()))
+    corpus = np.arange(len(chosen), dtype=np.int64) % 2 if draw(st.booleans()) else None
+    block = BatchBlock(3, {k: reads[k] for k in used}, read, row, np.arange(len(chosen), dtype=np.int64) * 5 + 1,
+                       bounds, padding, corpus=corpus)
+    return name, block, tables
+
+
+@pytest.mark.parametrize("item_path", ITEM_PATHS, ids=["slices", "gather-padded-window", "gather-joined", "gather-no-room"])
+@pytest.mark.parametrize("lists", ["padded", "flat"])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=blocks(), wide=st.booleans())
+def test_batches_built_together_equal_each_batch_converted_alone(lists, item_path, case, wide):
+    """A block's batches (``Gatherer.build_block``: one gather per key for all of them) are exactly
+    the batches of converting each one's rows alone: same rows, order, padding, dtypes, shapes.
+    ``wide``: rows of fixed-size lists left in their reads (gathered read by read) in a window."""
+    name, block, tables = case
+    converter = BatchConverter(TABLES[name].schema, lists=lists, inner_nulls="mask")
+    gatherer = Gatherer(converter)
+    parts = {k: convert_read(t, converter) for k, t in tables.items()}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gather_module, "_SLICE_ROWS_FROM", item_path[0])
+        patch.setattr(gather_module, "_JOIN_BYTES", item_path[1])
+        patch.setattr(gather_module, "_PAD_GROWTH", item_path[2])
+        patch.setattr(gather_module, "_WIDE_ROW", 0 if wide else gather_module._WIDE_ROW)
+        got = list(gatherer.build_block(block, {k: parts[k] for k in block.reads}))
+    assert len(got) == block.count
+    for j, batch in enumerate(got):
+        spec = block.spec(j)
+        _check_same(batch, build(spec, {k: tables[k] for k in spec.reads}, converter))
+    for batch in got:  # each batch owns its memory: a loop writing into one leaves the others
+        for value in batch.values():
+            if isinstance(value, torch.Tensor):
+                value.fill_(-7)
+    again = list(gatherer.build_block(block, {k: parts[k] for k in block.reads}))
+    for j, batch in enumerate(again):
+        spec = block.spec(j)
+        _check_same(batch, build(spec, {k: tables[k] for k in spec.reads}, converter))

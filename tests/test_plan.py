@@ -249,3 +249,34 @@ def test_kept_row_orders_give_the_rows_of_the_row_groups_own_permutation(layout,
             assert plan.rows_at(rg, positions).tolist() == want
     finally:
         plan_module._ROW_ORDER_CACHE = kept
+
+
+@PROPERTY
+@given(files=layouts, workers=st.integers(1, 6), config=configs, epoch=st.integers(0, 2), data=st.data())
+def test_blocks_of_batches_are_the_batches_end_to_end(files, workers, config, epoch, data):
+    """What delivery builds together (``StreamSchedule.blocks``, planned once per block) is batch
+    after batch exactly the schedule's specs from ``start`` on: rows, reads, padding, and every
+    read released by the block holding the last batch that uses it."""
+    from streamshard.plan.batch_plan import StreamSchedule
+
+    plan = EpochPlan(make_layout(files), config, epoch, workers)
+    schedule = StreamSchedule(plan, data.draw(st.integers(0, workers - 1)))
+    start = data.draw(st.integers(0, max(schedule.steps, 0)))
+    specs = list(schedule.batches(start))
+    got, released = [], []
+    for block in schedule.blocks(start):
+        assert block.count >= 1 and len(block.cuts) == block.count + 1
+        assert list(block.reads) == list(dict.fromkeys(block.read.tolist())) or not len(block.read)
+        got += [block.spec(j) for j in range(block.count)]
+        released.append((len(got) - 1, block.done))
+    assert [s.index for s in got] == [s.index for s in specs]
+    for mine, want in zip(got, specs):
+        np.testing.assert_array_equal(mine.read, want.read)
+        np.testing.assert_array_equal(mine.row, want.row)
+        np.testing.assert_array_equal(mine.sample_id, want.sample_id)
+        assert mine.padding == want.padding
+        assert mine.reads == want.reads
+    done_at = {k: i for i, spec in enumerate(specs) for k in spec.done}
+    for last, done in released:  # a block releases what its batches release, after its last batch
+        assert all(done_at[k] <= last for k in done)
+    assert sorted(k for _, done in released for k in done) == sorted(done_at)

@@ -15,6 +15,15 @@ costs at most ``_PAD_GROWTH`` x their own cells and ``_JOIN_BYTES``), so a padde
 gather of whole rows; otherwise (and for flat lists) joined once per window and gathered per batch
 in one element gather.
 
+Consecutive batches that share their reads (a shuffle window's, or one row group's without shuffle:
+a ``batch_plan.BatchBlock``) are built together (:meth:`Gatherer.build_block`): where their rows
+are is worked out once, each list's items are taken for all of them in one vectorised pass (padded
+to the block's longest row, at most ``_PAD_GROWTH`` x the batches' own cells and ``_JOIN_BYTES``,
+or flat), and each batch is then a few numpy copies out of that, into memory it owns. Per batch
+that is a handful of numpy calls and no per-row Python; the bytes move with the GIL released.
+Per-row keys of wide rows (fixed-size lists of ``_WIDE_ROW`` bytes or more, such as 4,096 tokens)
+are not joined for a window: a batch gathers them read by read.
+
 Schemas with inner list levels (lists of lists, whose entries hang off items rather than rows)
 keep the whole-batch conversion (``delivery.build``); :func:`gatherable` says which.
 """
@@ -22,13 +31,13 @@ keep the whole-batch conversion (``delivery.build``); :func:`gatherable` says wh
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
 import torch
 
-from ..plan.batch_plan import BatchSpec
+from ..plan.batch_plan import BatchBlock, BatchSpec, Read
 from .batches import CORPUS, SAMPLE_ID
 from .tensors import Batch, BatchConverter
 
@@ -42,6 +51,9 @@ class Converted:
     rows: int
     columns: dict[str, Any]
     offsets: dict[str, np.ndarray]  # lengths key -> int64 [rows + 1]: where each row's items begin
+    # a huge row group's part, converted as it was decoded (part_convert): held once, so its batches are
+    # built one by one, never from a block's copy of its rows (which would hold it twice)
+    streamed: bool = False
 
 
 def gatherable(converter: BatchConverter | None) -> bool:
@@ -104,7 +116,9 @@ class Gatherer:
                 window = self._window = None  # the old one goes first
                 window = self._window = _Window(sorted(keys), parts, self.keys, self.items_of)
             rows = window.rows(spec.read, index)
-            batch = self._rows([(window.columns, rows, slice(0, n))], size)
+            batch = self._rows([(window.columns, rows, slice(0, n))], size, skip=window.wide)
+            for key in window.wide:
+                batch[key] = window.wide_rows(key, rows, size - n)
             for lengths_key in self.lists:
                 if window.joins(lengths_key, self._item_keys[lengths_key]):  # a few items a row
                     self._window_gather(batch, lengths_key, window, rows)
@@ -116,12 +130,155 @@ class Gatherer:
             batch[CORPUS] = _with_padding(spec.corpus, size)
         return {key: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for key, v in batch.items()}
 
-    def _rows(self, sources: list[tuple[dict[str, Any], Any, Any]], size: int) -> dict[str, Any]:
-        """The per-row keys: each source's rows (an index array or a slice) at its places, the rest
-        of the ``size`` rows padding (zeros; None for text)."""
+    def build_block(self, block: BatchBlock, parts: dict[int, Converted]) -> Iterator[Batch]:
+        """The batches of ``block``, each exactly what ``build`` makes of it, with the work that is
+        per batch in ``build`` done once for the block: where its rows are (a run of one read, runs
+        of several, or a shuffle window's joined rows), each list's items gathered and padded for
+        all its rows in one vectorised pass (or, for a window of short rows padded once, gathered
+        as whole rows), then each batch a few copies out of that: numpy calls, no per-row Python,
+        the GIL released for the bytes."""
+        count = block.count
+        if count == 1:
+            return iter([self.build(block.spec(0), parts)])
+        if not bool(np.all(np.diff(block.cuts) > 0)):  # a batch of padding only (none are, from schedules)
+            return self._one_by_one(block, parts)
+        keys = list(block.reads)
+        if any(parts[key].streamed for key in keys):
+            return self._one_by_one(block, parts)
+        index = self._local(block.reads, block.read, block.row)
+        total = len(index)
+        window = None
+        if len(keys) == 1:
+            pieces: list[_Piece] | None = [_Piece(parts[keys[0]], index, slice(0, total))]
+            source, rows = parts[keys[0]].columns, pieces[0].rows
+        else:
+            pieces = _runs(block.read, index, parts, len(keys))
+            if pieces is not None:  # runs of several reads: their per-row keys joined for the block
+                source, rows = self._rows([(p.source.columns, p.rows, p.at) for p in pieces], total), slice(0, total)
+            else:
+                window = self._window
+                if window is None or not window.holds.issuperset(keys):
+                    window = self._window = None  # the old one goes first
+                    window = self._window = _Window(sorted(keys), parts, self.keys, self.items_of)
+                source, rows = window.columns, window.rows(block.read, index)
+        cuts = block.cuts.tolist()
+        # Per list: its lengths for the whole block, and how each batch's items are taken.
+        lists: dict[str, tuple[np.ndarray, Any]] = {}
+        for lengths_key in self.lists:
+            lengths = _pick(source[lengths_key], rows)
+            item_keys = self._item_keys[lengths_key]
+            itemsize = sum(parts[keys[0]].columns[key].itemsize for key in item_keys)
+            if not self.padded:  # flat: every item of the block in order, each batch a slice of it
+                if int(lengths.sum()) * itemsize > _JOIN_BYTES:  # long rows: batch by batch holds less
+                    return self._one_by_one(block, parts)
+                held: dict[str, np.ndarray] = {lengths_key: lengths}
+                padded = [window.padded(key, lengths_key) for key in item_keys] \
+                    if window is not None and window.joins(lengths_key, item_keys) else [None]
+                if padded[0] is not None:  # the window's rows padded once: whole rows, then their items
+                    cells = _columns(padded[0].shape[1]) < lengths[:, None]
+                    held.update((key, rows_of_window[rows][cells]) for key, rows_of_window in zip(item_keys, padded))
+                else:
+                    self._block_items(held, lengths_key, pieces, window, rows)
+                starts = np.zeros(total + 1, dtype=np.int64)
+                np.cumsum(lengths, out=starts[1:])
+                lists[lengths_key] = (lengths, ("flat", held, starts[cuts].tolist()))
+                continue
+            widths = np.maximum.reduceat(lengths, cuts[:-1]).tolist() if total else [0] * count
+            longest = max(widths, default=0)
+            if window is not None and window.joins(lengths_key, item_keys):
+                padded = [window.padded(key, lengths_key) for key in item_keys]
+                if padded[0] is not None:  # the window's rows padded once: each batch gathers whole rows
+                    lists[lengths_key] = (lengths, ("rows", dict(zip(item_keys, padded)), widths))
+                    continue
+            cells = sum((b - a) * w for a, b, w in zip(cuts[:-1], cuts[1:], widths))
+            if total * longest > _PAD_GROWTH * max(cells, total) or total * longest * itemsize > _JOIN_BYTES:
+                # A few long rows: padding the block to its longest row would cost more than its batches.
+                return self._one_by_one(block, parts)
+            held = {lengths_key: lengths}
+            self._block_items(held, lengths_key, pieces, window, rows)
+            lists[lengths_key] = (lengths, ("block", held, widths))
+        # Per-row keys gathered once for the block, into memory the block owns: each batch is a
+        # view of its rows (batches never overlap, so a loop writing into one leaves the others).
+        wide = window.wide if window is not None else frozenset()
+        owned: dict[str, Any] = {}
+        for key in self.keys:
+            if self.items_of[key] is None and key not in wide:
+                owned[key] = lists[key][0] if key in lists else _pick(source[key], rows)
+                if isinstance(rows, slice) and isinstance(owned[key], np.ndarray):
+                    owned[key] = owned[key].copy()  # a slice of the read's own column
+        ids = np.array(block.sample_id, dtype=np.int64)
+        corpus = None if block.corpus is None else np.array(block.corpus, dtype=np.int64)
+        return self._batches(block, lists, owned, wide, window, rows, ids, corpus)
+
+    def _one_by_one(self, block: BatchBlock, parts: dict[int, Converted]) -> Iterator[Batch]:
+        """A block's batches built each on its own (``build``), as they are asked for."""
+        return (self.build(block.spec(j), parts) for j in range(block.count))
+
+    def _batches(self, block: BatchBlock, lists: dict[str, tuple[np.ndarray, Any]], owned: dict[str, Any],
+                 wide: frozenset[str], window: _Window | None, rows: Any, ids: np.ndarray,
+                 corpus: np.ndarray | None) -> Iterator[Batch]:
+        """The batches of a block prepared by ``build_block``, each made as it is asked for (the
+        block holds its per-row keys and list items once; its batches are not all alive at once)."""
+        cuts = block.cuts.tolist()
+        for j in range(block.count):
+            a, b, pad = cuts[j], cuts[j + 1], block.padding[j]
+            batch: dict[str, Any] = {}
+            for key in self.keys:
+                lengths_key = self.items_of[key]
+                if lengths_key is None:
+                    if key in wide:
+                        batch[key] = torch.from_numpy(window.wide_rows(key, rows[a:b], pad))
+                        continue
+                    values = owned[key][a:b]
+                    if not isinstance(values, np.ndarray):
+                        batch[key] = values + [None] * pad if pad else values
+                        continue
+                    batch[key] = torch.from_numpy(_with_zeros(values, pad))
+                    continue
+                kind, held, where = lists[lengths_key][1]
+                if kind == "flat":  # the block's own array: a view
+                    batch[key] = torch.from_numpy(held[key][where[j]:where[j + 1]])
+                elif kind == "rows":
+                    picked = held[key][rows[a:b], :where[j]]
+                    batch[key] = torch.from_numpy(_with_zeros(picked, pad))
+                else:
+                    batch[key] = torch.from_numpy(_with_zeros(held[key][a:b, :where[j]], pad, copy=True))
+            batch[SAMPLE_ID] = torch.from_numpy(ids[a:b] if not pad else _with_minus_ones(ids[a:b], pad))
+            if corpus is not None:
+                batch[CORPUS] = torch.from_numpy(corpus[a:b] if not pad else _with_minus_ones(corpus[a:b], pad))
+            yield batch
+
+    def _local(self, reads: dict[int, Read], read: np.ndarray, row: np.ndarray) -> np.ndarray:
+        """Positions in their reads of rows ``row`` of reads ``read`` (reads holding only the rows
+        this worker owns map row numbers to positions)."""
+        partial = [k for k in reads if reads[k].rows is not None]
+        if not partial:
+            return row
+        index = row.copy()
+        for key in partial:
+            mine = read == key if len(reads) > 1 else slice(None)
+            index[mine] = reads[key].local_rows(row[mine])
+        return index
+
+    def _block_items(self, held: dict[str, Any], lengths_key: str, pieces: list[_Piece] | None,
+                     window: _Window | None, rows: Any) -> None:
+        """The items of list ``lengths_key`` of a block's rows (``held[lengths_key]``: their
+        lengths), padded to the block's longest row or flat, into ``held``."""
+        if window is None:
+            assert pieces is not None
+            self._items(held, lengths_key, pieces)
+        elif window.joins(lengths_key, self._item_keys[lengths_key]):
+            self._window_gather(held, lengths_key, window, rows)
+        else:
+            self._window_items(held, lengths_key, window, rows)
+
+    def _rows(self, sources: list[tuple[dict[str, Any], Any, Any]], size: int,
+              skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+        """The per-row keys (but ``skip``): each source's rows (an index array or a slice) at its
+        places, the rest of the ``size`` rows padding (zeros; None for text)."""
         out: dict[str, Any] = {}
         for key in self.keys:
-            if self.items_of[key] is not None:
+            if self.items_of[key] is not None or key in skip:
                 continue
             first = sources[0][0][key]
             if isinstance(first, np.ndarray):
@@ -269,6 +426,7 @@ _COLUMNS = np.zeros(0, dtype=np.int64)
 _SLICE_ROWS_FROM = 32  # items per row, on average, from which rows are copied a slice each
 _PAD_GROWTH = 2.5  # a window's short rows are padded once when that takes at most this x their items' cells
 _JOIN_BYTES = 64 << 20  # at most this much of a shuffle window's short rows' items joined for gathering
+_WIDE_ROW = 1024  # bytes a row from which a per-row key (a fixed-size list) stays in its reads in a window
 
 
 def _copy_spans(out: np.ndarray, sources: list[Any], spans: list[tuple[int, int, int, int]]) -> None:
@@ -339,11 +497,34 @@ class _Window:
         self.starts = {lengths: np.concatenate([p.offsets[lengths][:-1] for p in self.parts])
                        for lengths in self.parts[0].offsets}
         self.columns: dict[str, Any] = {}
+        wide: set[str] = set()
         for key in batch_keys:
             if items_of[key] is None:
                 values = [p.columns[key] for p in self.parts]
+                if isinstance(values[0], np.ndarray) and values[0].ndim > 1 and \
+                        values[0].itemsize * int(np.prod(values[0].shape[1:])) >= _WIDE_ROW:
+                    wide.add(key)  # whole rows of tokens: gathered from their reads, not copied once more
+                    continue
                 self.columns[key] = np.concatenate(values) if isinstance(values[0], np.ndarray) else [
                     v for part in values for v in part]
+        self.wide = frozenset(wide)
+
+    def wide_rows(self, key: str, rows: np.ndarray, pad: int) -> np.ndarray:
+        """Joined rows ``rows`` of ``key``, a per-row key of wide rows (fixed-size lists, such as
+        4,096 tokens a row) that the window leaves in its reads, then ``pad`` rows of zeros: one
+        gather per read the rows come from."""
+        first = self.parts[0].columns[key]
+        out = np.empty((len(rows) + pad,) + first.shape[1:], dtype=first.dtype)
+        out[len(rows):] = 0
+        part = self.part[rows]
+        order = np.argsort(part, kind="stable")
+        cuts = (np.flatnonzero(np.diff(part[order])) + 1).tolist()
+        for a, b in zip([0] + cuts, cuts + [len(rows)]):
+            places = order[a:b]
+            if len(places):
+                k = int(part[places[0]])
+                out[places] = self.parts[k].columns[key][rows[places] - self.row_base[k]]
+        return out
 
     def views(self, key: str) -> list[Any]:
         """Each read's column ``key`` as a ``_flat_view``, made once per window."""
@@ -412,6 +593,53 @@ class _Window:
             base = np.concatenate([[0], ends[:-1]]).astype(np.int64)
             starts = self._item_starts[lengths] = self.starts[lengths] + base[self.part]
         return starts
+
+
+def _pick(values: Any, rows: Any) -> Any:
+    """Rows ``rows`` (a slice or an index array) of a per-row column (an array or a list)."""
+    if isinstance(rows, slice):
+        return values[rows]
+    if isinstance(values, np.ndarray):
+        return values[rows]
+    return [values[i] for i in rows.tolist()]
+
+
+def _sub(rows: Any, a: int, b: int) -> Any:
+    """Entries ``a:b`` of ``rows`` (a slice or an index array)."""
+    if isinstance(rows, slice):
+        return slice(rows.start + a, rows.start + b)
+    return rows[a:b]
+
+
+def _rows_of(values: Any, rows: Any, pad: int) -> Any:
+    """A batch's own copy of rows ``rows`` of a per-row column, then ``pad`` padding rows (zeros;
+    None for text)."""
+    if not isinstance(values, np.ndarray):
+        picked = values[rows] if isinstance(rows, slice) else [values[i] for i in rows.tolist()]
+        return picked + [None] * pad if pad else picked
+    if isinstance(rows, slice):
+        return _with_zeros(values[rows], pad, copy=True)
+    if not pad:
+        return values[rows]  # an index: a third of np.take's call cost, on a few hundred rows
+    out = np.zeros((len(rows) + pad,) + values.shape[1:], dtype=values.dtype)
+    out[:len(rows)] = values[rows]
+    return out
+
+
+def _with_zeros(values: np.ndarray, pad: int, copy: bool = False) -> np.ndarray:
+    """``values`` then ``pad`` rows of zeros, in a new array (``values`` itself, or a copy of it
+    with ``copy``, when ``pad`` is 0)."""
+    if not pad:
+        return np.array(values, copy=True) if copy else values
+    out = np.zeros((len(values) + pad,) + values.shape[1:], dtype=values.dtype)
+    out[:len(values)] = values
+    return out
+
+
+def _with_minus_ones(values: np.ndarray, pad: int) -> np.ndarray:
+    out = np.full(len(values) + pad, -1, dtype=np.int64)
+    out[:len(values)] = values
+    return out
 
 
 def _with_padding(values: np.ndarray, size: int) -> torch.Tensor:

@@ -86,7 +86,7 @@ def convert_part(part: Iterable[tuple[pa.Table, np.ndarray | None]], rows: int, 
     out: dict[str, Any] = {}
     for key in flat.keys:
         out[key] = growing[key].result(empty[key]) if key in growing else texts.get(key, [])
-    return Converted(rows, out, _item_offsets(out, converter))
+    return Converted(rows, out, _item_offsets(out, converter), streamed=True)
 
 
 def _rows_of(columns: dict[str, Any], items_of: dict[str, str | None]) -> int:

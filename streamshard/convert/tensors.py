@@ -203,7 +203,13 @@ def _numbers_leaf(node: _Leaf, array: pa.Array, levels: list[Level], out: Batch,
         raise ConversionError(f"column {node.key!r}: null values inside lists; "
                               "pass inner_nulls='mask' to read them as 0 with a <name>_values_mask entry")
     present = valid(array) if node.mask is not None else None
-    if node.padded:
+    if node.padded and node.width is not None and values.size == len(levels[0].lengths) * node.width:
+        # A fixed-size list with no null lists: its items end to end are the rows, reshaped (no
+        # mask pass over every cell; the same array).
+        values = values.reshape(len(levels[0].lengths), node.width)
+        if present is not None:
+            present = present.reshape(values.shape)
+    elif node.padded:
         where = slots(levels[0].lengths, node.width)
         values = pad(values, where)
         if present is not None:

@@ -4,8 +4,9 @@ The one delivery path of every stream. A :class:`~streamshard.plan.batch_plan.Sc
 batch; this module fetches the row groups its specs name (``read_ahead`` reads in flight on
 background threads: pyarrow decodes without the GIL), converts each one once on the thread that
 read it (``gather.py``), holds it until the last batch that needs it, and gathers each batch's
-rows from the reads it names, padded. Schemas with inner list levels convert each batch's rows
-instead (``build``). Memory: the groups the current batch still
+rows from the reads it names, padded, the batches of a block (``Schedule.blocks``: a shuffle
+window's, at most 65,536 rows) together (``Gatherer.build_block``). Schemas with inner list levels
+convert each batch's rows instead (``build``). Memory: the groups the current block still
 shares with later ones plus ``read_ahead`` groups read ahead, never a file; of a group this worker
 owns only part of, only that part (the read names its rows, ``Read.rows``; ``local_rows`` maps
 row numbers into it).
@@ -28,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from ..plan.batch_plan import BatchSpec, Read, Schedule
+from ..plan.batch_plan import BatchBlock, BatchSpec, Read, Schedule
 from ..convert.batches import CORPUS, concat, padding_like, with_ids
 from ..errors import ConversionError
 from ..convert.gather import Gatherer, convert_read, gatherable
@@ -93,11 +94,11 @@ def deliver(
         read = _converting(read, convert, describe, stats)
     else:  # a streamed part (``read`` may return one) is joined into its table
         read = _joined(read)
-    specs = schedule.batches(start)
+    blocks = schedule.blocks(start)  # consecutive batches built together (one for most schedules)
     upcoming = schedule.upcoming_reads(start) if read_ahead else None
     pending: dict[int, Future | _Ready] = {}
     submitted: set[int] = set()  # keys read this pass (a finished read is never read again)
-    lookahead: deque[BatchSpec] = deque()
+    lookahead: deque[BatchBlock] = deque()
     pool = (ThreadPoolExecutor(max_workers=read_ahead + _TOGETHER, thread_name_prefix="streamshard-read")
             if read_ahead else None)
     resolved: dict[int, Any] = {}  # finished reads' results (a Future's result() locks, per batch and read)
@@ -131,11 +132,11 @@ def deliver(
         nonlocal exhausted
         if exhausted:
             return False
-        spec = next(specs, None)
-        if spec is None:
+        block = next(blocks, None)
+        if block is None:
             exhausted = True
             return False
-        lookahead.append(spec)
+        lookahead.append(block)
         return True
 
     try:
@@ -143,12 +144,12 @@ def deliver(
             began = time.perf_counter()
             if not (lookahead or pull()):
                 break
-            spec = lookahead[0]
-            for key, what in spec.reads.items():
+            block = lookahead[0]
+            for key, what in block.reads.items():
                 if key not in pending:
                     submit(key, what)
-            if pool is not None:  # keep `read_ahead` reads in flight beyond the current batch's
-                ahead, j = sum(1 for k in pending if k not in spec.reads), 1
+            if pool is not None:  # keep `read_ahead` reads in flight beyond the current block's
+                ahead, j = sum(1 for k in pending if k not in block.reads), 1
                 while upcoming is not None and ahead < read_ahead:  # however many batches away
                     key, what = next(upcoming, (None, None))
                     if key is None:
@@ -163,40 +164,46 @@ def deliver(
                             ahead += 1
                     j += 1
             lookahead.popleft()
-            if assemble is not None:
+            batches: Iterator[Batch]
+            if assemble is not None or len(block.read):
                 waited = time.perf_counter()
-                tables = results(spec.reads)
+                tables = results(block.reads)
                 converting = time.perf_counter()
-                batch = assemble(spec, tables)
-                if stats is not None:
-                    stats.wait_s += converting - waited
-                    stats.convert_s += time.perf_counter() - converting
-            elif spec.rows:
-                assert convert is not None  # every stream without its own assemble converts Arrow rows
-                waited = time.perf_counter()
-                tables = results(spec.reads)
-                converting = time.perf_counter()
-                if gatherer is not None:
-                    batch = gatherer.build(spec, tables)
+                if assemble is not None:
+                    batches = (assemble(spec, tables if block.count == 1 else {k: tables[k] for k in spec.reads})
+                               for spec in map(block.spec, range(block.count)))
                 else:
-                    batch = _build_placed(spec, tables, convert, describe)
-                template = batch
+                    assert convert is not None  # every stream without its own assemble converts Arrow rows
+                    if gatherer is not None:
+                        batches = gatherer.build_block(block, tables)  # each batch made as it is asked for
+                    else:
+                        batches = (_build_placed(spec, tables, convert, describe)
+                                   for spec in map(block.spec, range(block.count)))
                 if stats is not None:
                     stats.wait_s += converting - waited
                     stats.convert_s += time.perf_counter() - converting
-            else:
+            else:  # padding only
                 assert convert is not None
                 if template is None:
                     template = _donor(schedule, read, convert, describe, gatherer)
-                batch = pad_batch(template, spec.padding, convert)
-            for key in spec.done:
+                batches = iter([pad_batch(template, block.padding[0], convert)])
+            cuts = block.cuts.tolist()
+            for j in range(block.count):
+                converting = time.perf_counter()
+                batch = next(batches)
+                if assemble is None and len(block.read):
+                    template = batch
+                if stats is not None:
+                    done_at = time.perf_counter()
+                    stats.convert_s += done_at - converting
+                    stats.busy_s += done_at - began
+                    stats.rows += cuts[j + 1] - cuts[j]
+                    stats.batches += 1
+                yield batch
+                began = time.perf_counter()
+            for key in block.done:
                 pending.pop(key, None)
                 resolved.pop(key, None)
-            if stats is not None:
-                stats.rows += spec.rows
-                stats.batches += 1
-                stats.busy_s += time.perf_counter() - began
-            yield batch
     finally:
         for future in pending.values():
             if isinstance(future, Future):
