@@ -34,6 +34,7 @@ packing ignores them (documents' ids come from the source rows).
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -93,14 +94,22 @@ class StageCounts:
                  known: np.ndarray | None = None) -> None:
         self.rg_file, self._count = rg_file, count
         self.tokens = np.full(len(rg_file), UNKNOWN, dtype=np.int64) if known is None else known.astype(np.int64)
-        self._lock = threading.Lock()
+        self._lock, self._pid = threading.Lock(), os.getpid()
 
     def counted(self, units: np.ndarray) -> bool:
         return bool((self.tokens[units] >= 0).all())
 
+    def fill(self, units: np.ndarray, tokens: np.ndarray) -> None:
+        """Counts obtained elsewhere (a count split over the ranks); units already counted keep theirs."""
+        with self._held():
+            self.tokens[units] = np.where(self.tokens[units] >= 0, self.tokens[units], tokens)
+
     def of(self, units: np.ndarray) -> np.ndarray:
         """Tokens of ``units`` (counted now where not yet)."""
-        with self._lock:
+        have = self.tokens[units]
+        if (have >= 0).all():  # counted: no wait behind a stage being counted
+            return have
+        with self._held():
             missing = units[self.tokens[units] < 0]
             if missing.size:
                 got = np.asarray(self._count(missing), dtype=np.int64)
@@ -108,6 +117,11 @@ class StageCounts:
                     raise ValueError(f"counting gave {got!r} for {len(missing)} row groups")
                 self.tokens[missing] = got
             return self.tokens[units].copy()
+
+    def _held(self) -> threading.Lock:
+        if self._pid != os.getpid():  # a forked child: the lock may have been held by a thread it lacks
+            self._lock, self._pid = threading.Lock(), os.getpid()
+        return self._lock
 
     def layout(self) -> Layout:
         """The token layout as far as counted (uncounted units: 0 tokens)."""
@@ -173,6 +187,13 @@ class StagePlans:
                 self.carries.append(carry)
                 self.starts.append(self.starts[-1] + plan.steps)
             return self.plans[j] if j < len(self.plans) else None
+
+    def ready(self, j: int) -> bool:
+        """Whether plan ``j`` can be built without counting (built, past the end, or its stage counted)."""
+        if j < len(self.plans) or j >= len(self.sources):
+            return True
+        source = self.sources[j]
+        return source is None or self.counts.counted(self.stages.units(source))
 
     @property
     def steps(self) -> int:
@@ -279,21 +300,44 @@ class StagedSchedule(Schedule):
             index += 1
 
     def upcoming_reads(self, start: int) -> Iterator[tuple[int, Read]]:
-        where = self.plans.locate(start)
-        if where is None:
-            return
-        j, local = where
-        while True:
-            plan = self.plans.plan(j)  # the next stage is counted when read-ahead reaches it
-            if plan is None:
-                return
-            schedule = self._schedule(j) if j == where[0] else StreamSchedule(plan, self.worker)
-            for key, read in schedule.upcoming_reads(local):
-                yield key + j * _KEY_STRIDE, read
-            j, local = j + 1, 0
+        """The reads from batch ``start`` on, plan after plan; it *pauses* (``next`` says there is none
+        for now, and a later ``next`` goes on) where the next plan's stage is not counted yet, so
+        read-ahead never waits for counting: the batches in hand go on while the count runs."""
+        return _Upcoming(self, start)
 
     def shape_donor(self) -> BatchSpec | None:
         return None  # packed batches are assembled from their spec alone
+
+
+class _Upcoming:
+    """``StagedSchedule.upcoming_reads``: a pausable iterator (``delivery.deliver`` asks it with
+    ``next(upcoming, None)`` before every batch, so a pause only holds read-ahead back until the count)."""
+
+    def __init__(self, schedule: StagedSchedule, start: int) -> None:
+        self.schedule, self.j, self.inner = schedule, -1, iter(())
+        where = schedule.plans.locate(start)
+        if where is not None:
+            self.j, self.inner = where[0], schedule._schedule(where[0]).upcoming_reads(where[1])
+
+    def __iter__(self) -> "_Upcoming":
+        return self
+
+    def __next__(self) -> tuple[int, Read]:
+        if self.j < 0:
+            raise StopIteration
+        while True:
+            item = next(self.inner, None)
+            if item is not None:
+                return item[0] + self.j * _KEY_STRIDE, item[1]
+            plans = self.schedule.plans
+            if not plans.ready(self.j + 1):
+                raise StopIteration  # for now: the next stage is being counted
+            plan = plans.plan(self.j + 1)
+            if plan is None:
+                self.j = -1
+                raise StopIteration
+            self.j += 1
+            self.inner = StreamSchedule(plan, self.schedule.worker).upcoming_reads(0)
 
 
 @dataclass(frozen=True)
@@ -328,6 +372,24 @@ class StagedPlanner:
             skip = worker_batches_delivered(before, num_workers, role)
         worker = Topology(rank, world_size, role, num_workers).global_worker_id
         return Start(StagedSchedule(plans, worker), skip, role, history, worker_id)
+
+    def has_batch(self, epoch: int, position: Position | None, world_size: int, num_workers: int,
+                  consumed: int) -> bool | None:
+        """Whether a rank has a batch left after ``consumed`` of a pass from ``position``; None when that
+        needs a stage not counted yet (at a plan's end, with the next plan's stage still counting).
+        Counts nothing: a checkpoint during a cold start does not wait for the count."""
+        history, before = self.split(position, world_size, num_workers)
+        full = history + ([Segment(world_size, num_workers, before)] if before else [])
+        plans, before = self._plans(epoch, full, world_size, num_workers)
+        index, j = (before + consumed) // max(num_workers, 1), 0  # equal steps: worker batch index
+        while True:
+            if not plans.ready(j):
+                return None
+            if plans.plan(j) is None:
+                return False
+            if index < plans.starts[j + 1]:
+                return True
+            j += 1
 
     def rank_batches(self, epoch: int, position: Position | None, world_size: int, num_workers: int) -> int:
         """Batches a rank yields from ``position`` to the end of the epoch (counts every stage)."""
