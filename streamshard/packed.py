@@ -449,12 +449,12 @@ class PackedStream(WeightSteering, PlannedStream):
         counts, stages = self._stage_counts(), self._epoch_stages(epoch)
         if not len(stages):
             return
-        first = stages.units(0)
-        if not counts.counted(first):
-            ds = self.source
+        first, ds = stages.units(0), self.source
+        distributed = current_worker()[1] == 0 and ds._splits_catalog()
+        # Split over the ranks, every rank joins, whatever it holds (rank 0's view decides what is left to count).
+        if distributed or not counts.counted(first):
             got = count_text_tokens(ds.catalog, ds.storage_options, self.column, self.text, ds.catalog_cache,
-                                    distributed=current_worker()[1] == 0 and ds._splits_catalog(),
-                                    group=ds._catalog_group, rgs=first,
+                                    distributed=distributed, group=ds._catalog_group, rgs=first, known=counts.tokens,
                                     what=f"(the first of {len(stages)} stages of epoch {epoch})")
             counts.fill(first, got[first])
         running = self._counter is not None and self._counter.is_alive()  # one at a time (an earlier epoch's goes on)

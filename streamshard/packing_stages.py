@@ -100,9 +100,10 @@ class StageCounts:
         return bool((self.tokens[units] >= 0).all())
 
     def fill(self, units: np.ndarray, tokens: np.ndarray) -> None:
-        """Counts obtained elsewhere (a count split over the ranks); units already counted keep theirs."""
-        with self._held():
-            self.tokens[units] = np.where(self.tokens[units] >= 0, self.tokens[units], tokens)
+        """Counts obtained elsewhere (a count split over the ranks); units already counted keep theirs.
+        Not behind the counting lock (a count of a later stage may be running): a unit's count is the
+        same whoever writes it."""
+        self.tokens[units] = np.where(self.tokens[units] >= 0, self.tokens[units], tokens)
 
     def of(self, units: np.ndarray) -> np.ndarray:
         """Tokens of ``units`` (counted now where not yet)."""
