@@ -299,6 +299,17 @@ class PackedStream(WeightSteering, PlannedStream):
             return Position(origin.epoch, history + [Segment(self.world_size, num_workers, before + consumed)])
         return super().position_after(origin, consumed, num_workers)
 
+    def _ended(self, position: Position) -> bool:
+        """``PlannedStream._ended``; for a text epoch, counting only the stages up to ``position`` unless it
+        sits where the next stage decides it (a plan's end)."""
+        planner = self.planner
+        if isinstance(planner, StagedPlanner):
+            last = position.history[-1]
+            more = planner.has_batch(position.epoch, position, last.world_size, last.num_workers, 0)
+            if more is not None:
+                return not more
+        return super()._ended(position)
+
     def _deliver(self, start: Start) -> Iterator[Any]:
         if not self._staged:
             self._token_counts()  # counted in the main process when set_epoch was called there

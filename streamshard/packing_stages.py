@@ -384,8 +384,8 @@ class StagedPlanner:
         plans, before = self._plans(epoch, full, world_size, num_workers)
         index, j = (before + consumed) // max(num_workers, 1), 0  # equal steps: worker batch index
         while True:
-            if not plans.ready(j):
-                return None
+            if not plans.ready(j):  # tokens carried into plan j: the last plan pads them, so a batch follows
+                return True if j < len(plans.carries) and len(plans.carries[j]) else None
             if plans.plan(j) is None:
                 return False
             if index < plans.starts[j + 1]:

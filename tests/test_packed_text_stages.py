@@ -97,21 +97,32 @@ def test_a_cold_start_trains_on_the_first_stage_while_the_rest_is_counted(staged
     bounds = plan_bounds(staged_pack(path), 1, 2)  # (a separate stream: counting all of it)
     assert bounds[1] >= 2, "the first stage must give batches"
     it = iter(loader)
-    first = [next(it) for _ in range(bounds[1])]  # all of the first plan, without the later stages counted
-    state = loader.state_dict()  # a checkpoint during the cold start does not wait for the count either
-    assert not tok.timed_out, "the first stage's batches (or the checkpoint) waited for a later stage's count"
+    first = [next(it) for _ in range(bounds[1] - 2)]
+    state = loader.state_dict()  # a checkpoint during the cold start does not wait for the count
+    first += [next(it) for _ in range(2)]  # all of the first plan, without the later stages counted
+    end_state = loader.state_dict()  # nor at the first plan's end
+    assert not tok.timed_out, "the first stage's batches (or a checkpoint) waited for a later stage's count"
     assert not ps.planner.counts.counted(stages.order)
+    again = GatedCounting(free=first_stage_texts(path))  # a cold resume: loading counts only what it needs
+    resumed = ss.StreamLoader(staged_pack(path, tokenizer=again), num_workers=2, workers="threads")
+    resumed.load_state_dict(state)
+    resumed_it = iter(resumed)
+    resumed_head = [next(resumed_it) for _ in range(2)]
+    assert not again.timed_out and not tok.timed_out, "a cold resume inside the first stage waited for later counts"
+    assert same_batches(resumed_head, first[-2:])
     tok.opened.set()
+    again.opened.set()
     rest = list(it)
+    assert same_batches(list(resumed_it), rest)
     assert not tok.timed_out
     tokens_of = tokens_by_document([in_stream_order([first + rest], 2, worker_starts(staged_pack(path), 1, 2))], 0)
     vocab = tok.vocab
     for s, t in enumerate(texts):
         want = [] if t is None else [BOS] + [vocab[w] for w in t.split()] + [EOS]
         assert tokens_of.get(s, []) == want, f"document {s}"
-    resumed = ss.StreamLoader(staged_pack(path, tokenizer=GatedCounting()), num_workers=2, workers="threads")
-    resumed.load_state_dict(state)
-    assert same_batches(list(resumed), rest)
+    from_end = ss.StreamLoader(staged_pack(path, tokenizer=GatedCounting()), num_workers=2, workers="threads")
+    from_end.load_state_dict(end_state)
+    assert same_batches(list(from_end), rest)
 
 
 def test_worker_processes_count_the_stages_they_reach_themselves(staged_corpus):
