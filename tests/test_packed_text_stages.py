@@ -5,6 +5,7 @@ elastic resume 2x2 -> 3x1, and a warm start (counts cached) gives the very same 
 
 from __future__ import annotations
 
+import json
 import threading
 
 import numpy as np
@@ -208,3 +209,29 @@ def test_the_count_cache_keeps_a_files_row_groups_as_their_stages_are_counted(st
     merged = cache.load(catalog)
     assert np.array_equal(merged[::3], truth[::3]) and np.array_equal(merged[1::3], truth[1::3])
     assert (merged[2::3] == UNKNOWN).all()
+
+
+@pytest.mark.slow
+def test_two_ranks_over_stages_and_epochs(tmp_path):
+    """torchrun, 2 ranks, gloo, several stages: each epoch's first stage is counted over the ranks (both
+    join, whatever their background threads counted), the rest beside training; every token once."""
+    from collections import Counter
+    from pathlib import Path
+
+    from launch import check, launch
+
+    texts = write_texts(tmp_path / "data", [[20, 7, 25], [11, 30], [30, 3, 9], [18, 22]], seed=4)
+    check(launch(2, Path(__file__).parent / "frameworks" / "text_count_job.py", "--data", str(tmp_path / "data"),
+                 "--report", str(tmp_path / "report"), "--first-stage-bytes", "200", "--epochs", "2"))
+    reports = [json.loads((tmp_path / "report" / f"rank{r}.json").read_text()) for r in range(2)]
+    assert reports[0]["counts"] == reports[1]["counts"] and reports[0]["stages"] >= 3
+    for epoch in range(2):
+        assert len(reports[0]["epochs"][epoch]) == len(reports[1]["epochs"][epoch]), "equal steps"
+        tokens_of: dict[int, Counter] = {}
+        for r in reports:
+            for batch in r["epochs"][epoch]:
+                for s, t in batch:
+                    tokens_of.setdefault(s, Counter())[t] += 1
+        for s, t in enumerate(texts):
+            want = Counter([] if t is None else [len(w) for w in t.split()] + [0])
+            assert tokens_of.get(s, Counter()) == want, f"epoch {epoch}, document {s}"
