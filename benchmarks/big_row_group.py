@@ -60,7 +60,7 @@ def write_file(path: str, rows: int, shape: str) -> dict[str, Any]:
     group = meta.row_group(0)
     assert meta.num_row_groups == 1
     try:  # what `streamshard inspect` reports for it (this checkout's estimator)
-        from streamshard.decoded_size import decoded_bytes
+        from streamshard.format.decoded_size import decoded_bytes
         estimate = int(decoded_bytes(meta)[0])
     except ImportError:
         estimate = None

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from streamshard.blend_schedule import BlendSchedule  # noqa: E402
+from streamshard.plan.blend_schedule import BlendSchedule  # noqa: E402
 
 K = 1000
 N = 2 * 10**9

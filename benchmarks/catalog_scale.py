@@ -40,7 +40,7 @@ OUT = ROOT / "benchmarks" / "out"
 JOB = """
 import json, os, resource, sys, time
 import streamshard as ss
-from streamshard.catalog import list_entries
+from streamshard.io.catalog import list_entries
 what, path, cache = sys.argv[1], sys.argv[2], sys.argv[3]
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 cpu, wall = time.process_time(), time.perf_counter()

@@ -41,7 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import streamshard as ss  # noqa: E402
-from streamshard.cpu_usage import tree_cpu_seconds  # noqa: E402
+from streamshard.io.cpu_usage import tree_cpu_seconds  # noqa: E402
 
 
 def write_corpus(directory: Path, rows: int, seq: int, files: int, row_groups: int) -> None:

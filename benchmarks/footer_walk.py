@@ -23,8 +23,8 @@ import pyarrow.parquet as pq
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from streamshard.catalog import _footer_from_metadata  # noqa: E402
-from streamshard.parquet_thrift import scan_footer  # noqa: E402
+from streamshard.io.catalog import _footer_from_metadata  # noqa: E402
+from streamshard.format.parquet_thrift import scan_footer  # noqa: E402
 
 SHAPES = [(3, 1000, 1000), (20, 100, 1000), (100, 10_000, 20_000)]  # columns, row group rows, rows
 

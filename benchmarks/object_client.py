@@ -37,9 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from proxy_process import proxy_process  # noqa: E402
-from streamshard.catalog import Catalog  # noqa: E402
-from streamshard.footer import tail_range  # noqa: E402
-from streamshard.storage import FileSystems  # noqa: E402
+from streamshard.io.catalog import Catalog  # noqa: E402
+from streamshard.io.footer import tail_range  # noqa: E402
+from streamshard.io.storage import FileSystems  # noqa: E402
 from streamshard.testing import local_seaweedfs, write_corpus  # noqa: E402
 
 LATENCY = 0.020

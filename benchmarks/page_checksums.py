@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from streamshard.reader import RowGroupReader  # noqa: E402
+from streamshard.io.reader import RowGroupReader  # noqa: E402
 
 
 def write(path: Path, rows: int, compression: str) -> None:

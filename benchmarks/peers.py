@@ -91,7 +91,7 @@ def read_streamshard(urls: list[str], storage_options: dict[str, Any]) -> tuple[
     import torch
     from torch.utils.data import DataLoader
 
-    from streamshard.dataset import ParquetStream
+    from streamshard.streams.dataset import ParquetStream
 
     ds = ParquetStream(urls, columns=COLUMNS, batch_size=BATCH, storage_options=storage_options, rank=0, world_size=1)
     ds.set_epoch(0)
@@ -296,8 +296,8 @@ def _tree_rss(pid: int) -> int:
 # pyarrow imports it lazily (about 0.5 s) on its first array conversion in every process that has
 # not, which would charge each DataLoader worker for a one-time import instead of for reading.
 WARM_UP = {
-    "streamshard": ["torch", "streamshard.dataset", "pandas"],
-    "streamshard_loader": ["torch", "streamshard.dataset", "pandas"],
+    "streamshard": ["torch", "streamshard.streams.dataset", "pandas"],
+    "streamshard_loader": ["torch", "streamshard.streams.dataset", "pandas"],
     "textbook": ["torch", "fsspec", "pandas"],
     "hf_datasets": ["torch", "datasets", "pandas"],
     "litdata": ["torch", "litdata", "pandas"],

@@ -1,4 +1,4 @@
-"""Throughput and shuffle quality of streamshard.permutation against numpy.random.permutation.
+"""Throughput and shuffle quality of streamshard.plan.permutation against numpy.random.permutation.
 
 Run from the repository root:
 
@@ -24,8 +24,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import streamshard.permutation as perm_module  # noqa: E402
-from streamshard.permutation import Permutation  # noqa: E402
+import streamshard.plan.permutation as perm_module  # noqa: E402
+from streamshard.plan.permutation import Permutation  # noqa: E402
 
 LOOKUPS = 10**7
 SIZES = [10**6, 10**9, 2**32 + 1, 10**12]
@@ -242,7 +242,7 @@ def quality_table(rows: list[dict]) -> list[str]:
 
 def write_markdown(throughput: list[dict], quality: list[dict], path: Path) -> None:
     text = [
-        "## Permutation (`streamshard/permutation.py`)",
+        "## Permutation (`streamshard/plan/permutation.py`)",
         "",
         f"Command: `{COMMAND}` (one core, numpy {np.__version__}, Python {platform.python_version()},"
         f" {platform.machine()}; a 2-core machine shared with other jobs, so rates are best of 3"

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from streamshard.plan import EpochPlan, Layout, PlanConfig, stream_order  # noqa: E402
+from streamshard.plan.epoch_plan import EpochPlan, Layout, PlanConfig, stream_order  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out" / "plan_scale.json"
 RG_PER_FILE = 10

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from streamshard.prefetch import DevicePrefetcher  # noqa: E402
+from streamshard.loader.prefetch import DevicePrefetcher  # noqa: E402
 
 PAIRS_MS = [(10, 10), (20, 5), (5, 20), (10, 2), (2, 10)]
 OUT = Path(__file__).resolve().parent / "out" / "prefetch.json"

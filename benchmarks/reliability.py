@@ -48,8 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import streamshard as ss  # noqa: E402
 from streamshard.cache import ActivationCache  # noqa: E402
 from streamshard.errors import StreamshardError  # noqa: E402
-from streamshard.reader import RowGroupReader  # noqa: E402
-from streamshard.retry import RetryPolicy  # noqa: E402
+from streamshard.io.reader import RowGroupReader  # noqa: E402
+from streamshard.io.retry import RetryPolicy  # noqa: E402
 from streamshard.testing import FaultConfig, FaultyProxy, LocalS3, faulty_proxy, local_s3, local_seaweedfs  # noqa: E402
 from streamshard.testing import write_corpus, write_fixed  # noqa: E402
 

@@ -46,9 +46,9 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from streamshard.catalog import Catalog  # noqa: E402
-from streamshard.dataset import DEFAULT_BATCH_SIZE, ParquetStream  # noqa: E402
-from streamshard.loader import StreamLoader  # noqa: E402
+from streamshard.io.catalog import Catalog  # noqa: E402
+from streamshard.streams.dataset import DEFAULT_BATCH_SIZE, ParquetStream  # noqa: E402
+from streamshard.loader.stream_loader import StreamLoader  # noqa: E402
 from streamshard.testing import FaultConfig, faulty_proxy, local_s3, local_seaweedfs, write_corpus  # noqa: E402
 
 from json_workers import JsonWorkers, serve_json  # noqa: E402  (benchmarks/, this script's directory)
@@ -178,7 +178,7 @@ def proxy_counts(proxy, row_groups: int, projected: int) -> dict:
 
 def _no_shared_footers(run):
     """``run()`` with this process keeping no footers (each reader fetches its files' footers, as before they were shared)."""
-    from streamshard.footer import SHARED_FOOTERS
+    from streamshard.io.footer import SHARED_FOOTERS
 
     budget, SHARED_FOOTERS.budget = SHARED_FOOTERS.budget, 0
     SHARED_FOOTERS.clear()
@@ -190,7 +190,7 @@ def _no_shared_footers(run):
 
 def _no_conditional_gets(run):
     """``run()`` with S3 versions checked by one HEAD per file per reader (as before GETs carried If-Match)."""
-    from streamshard import storage
+    from streamshard.io import storage
 
     storage.CONDITIONAL_GETS = False
     try:
@@ -222,9 +222,9 @@ def reader_cpu(local: str, url: str, options: dict[str, dict], repeats: int) -> 
     the backend's fetch of the same ranges alone (what the client library costs per request)."""
     import statistics
 
-    from streamshard import storage
-    from streamshard.reader import RowGroupReader
-    from streamshard.storage import FileSystems, cat_ranges_if_match
+    from streamshard.io import storage
+    from streamshard.io.reader import RowGroupReader
+    from streamshard.io.storage import FileSystems, cat_ranges_if_match
 
     def read_all(catalog, opts) -> None:
         reader = RowGroupReader.from_catalog(catalog, opts)

@@ -24,8 +24,8 @@ import os
 
 import numpy as np
 
-from streamshard.batch_plan import StreamSchedule
-from streamshard.plan import EpochPlan, Layout, PlanConfig
+from streamshard.plan.batch_plan import StreamSchedule
+from streamshard.plan.epoch_plan import EpochPlan, Layout, PlanConfig
 
 FILES, GROUPS, ROWS, BATCH, RANKS, WORKERS = 32, 8, 1_000, 256, 2, 2
 GLOBAL = RANKS * WORKERS

@@ -58,9 +58,9 @@ def per_batch_costs(batches: int = 200_000, runs: int = 5) -> dict[str, float]:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from streamshard.delivery import DeliveryStats
-    from streamshard.fetch import ReadStats
-    from streamshard.loader_stats import LoopStats, WorkerTimes
+    from streamshard.streams.delivery import DeliveryStats
+    from streamshard.io.fetch import ReadStats
+    from streamshard.loader.loader_stats import LoopStats, WorkerTimes
 
     batch = {"sample_id": torch.arange(64), "id": torch.arange(64)}
 

@@ -53,12 +53,12 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from streamshard import tensors as ss_tensors  # noqa: E402
-from streamshard.cpu_usage import tree_cpu_seconds  # noqa: E402
-from streamshard.dataset import ParquetStream  # noqa: E402
-from streamshard.loader import StreamLoader  # noqa: E402
-from streamshard.delivery import spec_table  # noqa: E402
-from streamshard.reader import RowGroupReader  # noqa: E402
+from streamshard.convert import tensors as ss_tensors  # noqa: E402
+from streamshard.io.cpu_usage import tree_cpu_seconds  # noqa: E402
+from streamshard.streams.dataset import ParquetStream  # noqa: E402
+from streamshard.loader.stream_loader import StreamLoader  # noqa: E402
+from streamshard.streams.delivery import spec_table  # noqa: E402
+from streamshard.io.reader import RowGroupReader  # noqa: E402
 from streamshard.testing import write_corpus  # noqa: E402
 
 from json_workers import JsonWorkers, serve_json  # noqa: E402  (benchmarks/, this script's directory)

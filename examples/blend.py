@@ -16,10 +16,10 @@ import tempfile
 import numpy as np
 import torch
 
-from streamshard.blend import BlendedStream
-from streamshard.blend_schedule import blend_counts
-from streamshard.dataset import ParquetStream
-from streamshard.loader import StreamLoader
+from streamshard.streams.blend import BlendedStream
+from streamshard.plan.blend_schedule import blend_counts
+from streamshard.streams.dataset import ParquetStream
+from streamshard.loader.stream_loader import StreamLoader
 from streamshard.testing import write_corpus
 
 WEIGHTS = {"web": 0.7, "code": 0.3}

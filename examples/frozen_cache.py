@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from streamshard.cache import ActivationCache, module_fingerprint
-from streamshard.dataset import ParquetStream
+from streamshard.streams.dataset import ParquetStream
 
 DIM, CLASSES, FEATURES = 32, 10, 128
 FILES, ROW_GROUPS, ROWS_PER_GROUP = 4, 4, 1024

@@ -1,20 +1,20 @@
 """streamshard: stream Parquet into PyTorch, every sample to exactly one GPU, exactly once per epoch."""
 
-from .blend import BlendedStream
-from .blend_plan import blend_length
-from .blend_schedule import BlendSchedule, blend_counts
+from .streams.blend import BlendedStream
+from .plan.blend_plan import blend_length
+from .plan.blend_schedule import BlendSchedule, blend_counts
 from .cache import ActivationCache, CacheStats, module_fingerprint
-from .catalog import Catalog
-from .dataset import ParquetStream
-from .delta import DeltaTable
+from .io.catalog import Catalog
+from .streams.dataset import ParquetStream
+from .io.delta import DeltaTable
 from .errors import (CatalogError, ConversionError, HandOffError, ReadError, StateError, StreamshardError,
                      TopologyError)
-from .loader import StreamLoader
-from .packed import PackedStream, cu_seqlens
-from .permutation import Permutation, mix_seed
-from .prefetch import DevicePrefetcher
-from .sampler import ElasticSampler
-from .tensors import pad_lists
+from .loader.stream_loader import StreamLoader
+from .streams.packed import PackedStream, cu_seqlens
+from .plan.permutation import Permutation, mix_seed
+from .loader.prefetch import DevicePrefetcher
+from .streams.sampler import ElasticSampler
+from .convert.tensors import pad_lists
 
 __all__ = [
     "ActivationCache",

@@ -8,7 +8,7 @@ class StreamshardError(Exception):
     process knows of (storage options' and URLs' credentials: ``storage.REDACTION``)."""
 
     def __init__(self, *args: object) -> None:
-        from .storage import REDACTION  # here: storage imports the errors of retry, which import these
+        from .io.storage import REDACTION  # here: storage imports the errors of retry, which import these
 
         super().__init__(*(REDACTION.redact(a) if isinstance(a, str) else a for a in args))
 

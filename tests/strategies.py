@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from streamshard.plan import Layout, PlanConfig
+from streamshard.plan.epoch_plan import Layout, PlanConfig
 
 # One huge file, many tiny ones, an empty one, and row groups of wildly different sizes.
 SKEWED_LAYOUT = [[900, 700, 1100]] + [[3]] * 12 + [[]] + [[0, 5, 0]] + [[40, 1, 250]]

@@ -23,10 +23,10 @@ from resume_harness import check_elastic_resume, check_loader_resume
 from strategies import PROPERTY, make_layout
 
 import streamshard as ss
-import streamshard.reader as reader_module
-from streamshard.catalog import Catalog
-from streamshard.plan import EpochPlan, PlanConfig
-from streamshard.reader import RowGroupReader
+import streamshard.io.reader as reader_module
+from streamshard.io.catalog import Catalog
+from streamshard.plan.epoch_plan import EpochPlan, PlanConfig
+from streamshard.io.reader import RowGroupReader
 
 LAYOUT = [[3000], [40, 7], [2000, 1]]  # two "huge" groups (streamed), three small ones (read whole)
 ROWS = sum(map(sum, LAYOUT))

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamshard import blend_export
-from streamshard.blend_schedule import MAX_SAMPLES, BlendSchedule, blend_counts
+from streamshard.plan import blend_export
+from streamshard.plan.blend_schedule import MAX_SAMPLES, BlendSchedule, blend_counts
 
 HUGE = 2 * 10**12
 

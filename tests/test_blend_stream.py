@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 import streamshard as ss
-from streamshard.blend import BlendedStream, blend_length
-from streamshard.blend_plan import BlendMap
-from streamshard.blend_schedule import blend_counts
-from streamshard.dataset import ParquetStream
+from streamshard.streams.blend import BlendedStream, blend_length
+from streamshard.plan.blend_plan import BlendMap
+from streamshard.plan.blend_schedule import blend_counts
+from streamshard.streams.dataset import ParquetStream
 from streamshard.testing import write_corpus
 from helpers import assert_equal_steps, assert_rows_match_ids, run_epoch
 from resume_harness import check_elastic_resume, check_loader_resume, check_stateful_resume, same_batches

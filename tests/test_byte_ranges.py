@@ -11,11 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import streamshard as ss
-from streamshard import storage
-from streamshard.catalog import Catalog
-from streamshard.footer import FOOTER_PROBE_BYTES, chunk_ranges, tail_range
-from streamshard.reader import RowGroupReader
-from streamshard.retry import RetryPolicy
+from streamshard.io import storage
+from streamshard.io.catalog import Catalog
+from streamshard.io.footer import FOOTER_PROBE_BYTES, chunk_ranges, tail_range
+from streamshard.io.reader import RowGroupReader
+from streamshard.io.retry import RetryPolicy
 from streamshard.testing import FaultConfig, faulty_proxy
 
 ROWS_PER_GROUP = 10_000

@@ -15,8 +15,8 @@ import pytest
 import torch.multiprocessing as mp
 from fsspec.implementations.local import LocalFileSystem
 
-from streamshard.catalog_cache import FORMAT_VERSION
-from streamshard.catalog import Catalog
+from streamshard.io.catalog_cache import FORMAT_VERSION
+from streamshard.io.catalog import Catalog
 from streamshard.errors import CatalogError
 from streamshard.testing import faulty_proxy, write_corpus
 

@@ -21,9 +21,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamshard.catalog import Catalog
+from streamshard.io.catalog import Catalog
 from streamshard.cli import main
-from streamshard.dataset import ParquetStream
+from streamshard.streams.dataset import ParquetStream
 from streamshard.testing import write_corpus
 
 LAYOUT = [[900, 700, 1100]] + [[3]] * 5 + [[]] + [[0, 5, 0]] + [[40, 1, 250]]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 
-from streamshard.cpu_usage import tree_cpu_seconds
+from streamshard.io.cpu_usage import tree_cpu_seconds
 
 
 def _burn_then_wait(seconds: float, done) -> None:

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from streamshard.cli import main
-from streamshard.decoded_size import decoded_bytes
+from streamshard.format.decoded_size import decoded_bytes
 
 ROWS, GROUP = 12_000, 4_000
 rng = np.random.default_rng(7)

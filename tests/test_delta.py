@@ -18,7 +18,7 @@ import pytest
 deltalake = pytest.importorskip("deltalake")  # the delta extra; in dev, so it runs under make test
 
 import streamshard as ss  # noqa: E402
-from streamshard.catalog_share import catalog_from_json, catalog_to_json  # noqa: E402
+from streamshard.io.catalog_share import catalog_from_json, catalog_to_json  # noqa: E402
 
 
 def _write(path, first: int, rows: int, mode: str = "append", partition_by=None) -> None:

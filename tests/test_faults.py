@@ -12,10 +12,10 @@ from fsspec.implementations.local import LocalFileSystem
 from torch.utils.data import DataLoader
 
 import streamshard as ss
-from streamshard.catalog import Catalog
-from streamshard.footer import SHARED_FOOTERS
-from streamshard.reader import RowGroupReader
-from streamshard.retry import RetriesExhausted, RetryPolicy, call_with_retry, is_transient
+from streamshard.io.catalog import Catalog
+from streamshard.io.footer import SHARED_FOOTERS
+from streamshard.io.reader import RowGroupReader
+from streamshard.io.retry import RetriesExhausted, RetryPolicy, call_with_retry, is_transient
 from streamshard.testing import FaultConfig, faulty_proxy, write_corpus
 
 LAYOUT = [[300, 200], [150], [120, 80, 100], [250]]

@@ -12,11 +12,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import streamshard.gather as gather_module
-from streamshard.batch_plan import BatchSpec, Read
-from streamshard.delivery import build
-from streamshard.gather import Gatherer, convert_read, gatherable
-from streamshard.tensors import BatchConverter
+import streamshard.convert.gather as gather_module
+from streamshard.plan.batch_plan import BatchSpec, Read
+from streamshard.streams.delivery import build
+from streamshard.convert.gather import Gatherer, convert_read, gatherable
+from streamshard.convert.tensors import BatchConverter
 
 ROWS = 12
 _rng = np.random.default_rng(5)

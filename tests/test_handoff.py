@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import streamshard as ss
-from streamshard.handoff import MAX_SLOTS
+from streamshard.loader.handoff import MAX_SLOTS
 from streamshard.testing import write_corpus
 
 from resume_harness import same_batches

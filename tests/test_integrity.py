@@ -17,15 +17,15 @@ import pyarrow.parquet as pq
 import pytest
 
 import streamshard as ss
-import streamshard.catalog as catalog_module
-from streamshard.catalog import Catalog
+import streamshard.io.catalog as catalog_module
+from streamshard.io.catalog import Catalog
 from fsspec.implementations.local import LocalFileSystem
 
-from streamshard.delivery import deliver
-from streamshard.footer import SHARED_FOOTERS
-from streamshard.reader import RowGroupReader
-from streamshard.retry import RetryPolicy
-from streamshard.storage import REDACTION, FileSystems, LogRedaction, redact_url, url_secrets
+from streamshard.streams.delivery import deliver
+from streamshard.io.footer import SHARED_FOOTERS
+from streamshard.io.reader import RowGroupReader
+from streamshard.io.retry import RetryPolicy
+from streamshard.io.storage import REDACTION, FileSystems, LogRedaction, redact_url, url_secrets
 from streamshard.testing import faulty_proxy, write_corpus, write_fixed
 
 

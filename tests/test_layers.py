@@ -46,15 +46,15 @@ KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("topology.py", "torch"): (
         "pure arithmetic of rank/world/worker, but it must ask torch.distributed and the DataLoader "
         "worker info where the process stands; both imports are inside the functions that ask"),
-    ("errors.py", "streamshard.storage"): (
+    ("errors.py", "streamshard.io.storage"): (
         "every error redacts the credentials storage knows of (storage.REDACTION); imported inside "
         "__init__ because storage imports the errors through retry"),
     ("delivery.py", "torch"): (
         "the delivery engine is where reads become tensors: it converts each read once and gathers "
         "batches (docs/api.md: 'I/O is in the reader and the delivery engine'); its row says I/O"),
-    ("delivery.py", "streamshard.batches"): "as delivery.py -> torch: it builds the torch batches",
-    ("delivery.py", "streamshard.gather"): ("as delivery.py -> torch: it gathers the torch batches",),
-    ("delivery.py", "streamshard.tensors"): "as delivery.py -> torch: it converts reads to tensors",
+    ("delivery.py", "streamshard.convert.batches"): "as delivery.py -> torch: it builds the torch batches",
+    ("delivery.py", "streamshard.convert.gather"): ("as delivery.py -> torch: it gathers the torch batches",),
+    ("delivery.py", "streamshard.convert.tensors"): "as delivery.py -> torch: it converts reads to tensors",
     ("text_counts.py", "streamshard.cli"): (
         "the counting pass shows cli.progress's terminal bar; imported inside the function so that "
         "importing the package does not import the command line. Moving progress.py out of cli/ "
@@ -124,7 +124,7 @@ def imports_of(path: Path) -> set[str]:
             else:
                 target = node.module or ""
             found.add(target)
-            for alias in node.names:  # "from . import catalog" imports the module streamshard.catalog
+            for alias in node.names:  # "from . import catalog" imports the module streamshard.io.catalog
                 if (ROOT / target.replace(".", "/")).is_dir():
                     found.add(f"{target}.{alias.name}")
     return found
@@ -219,5 +219,5 @@ def test_table_layers_are_known() -> None:
 def test_imports_are_read_wherever_they_are() -> None:
     """The parser sees a function-level import and resolves relative ones (what the lazy exceptions rely on)."""
     module = PACKAGE / "text_counts.py"
-    assert "streamshard.cli.progress" in imports_of(module)
+    assert "streamshard.progress" in imports_of(module)
     assert "torch.distributed" in imports_of(PACKAGE / "topology.py")

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import streamshard as ss
-from streamshard.listing_rules import listed_under_directory_is_data, matched_by_glob_is_data
+from streamshard.format.listing_rules import listed_under_directory_is_data, matched_by_glob_is_data
 
 BUCKET = "streamshard-markers"
 SIDE_FILES = ("_SUCCESS", "_committed_6243", "_started_6243", ".part-0.parquet.crc", "part-0.parquet.crc",

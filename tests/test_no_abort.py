@@ -18,9 +18,9 @@ import pyarrow.parquet.encryption as pe
 import pytest
 
 import streamshard as ss
-from streamshard import parquet_thrift
-from streamshard.reader import RowGroupReader
-from streamshard.retry import RetryPolicy
+from streamshard.format import parquet_thrift
+from streamshard.io.reader import RowGroupReader
+from streamshard.io.retry import RetryPolicy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

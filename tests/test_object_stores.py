@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import streamshard as ss
-from streamshard.catalog import Catalog
-from streamshard.footer import SHARED_FOOTERS
-from streamshard.reader import RowGroupReader
+from streamshard.io.catalog import Catalog
+from streamshard.io.footer import SHARED_FOOTERS
+from streamshard.io.reader import RowGroupReader
 from streamshard.testing import faulty_proxy, write_corpus
 from helpers import assert_equal_steps, assert_exactly_once, assert_rows_match_ids, run_epoch
 from strategies import SKEWED_LAYOUT

@@ -17,12 +17,12 @@ import pytest
 pytest.importorskip("obstore")
 
 import streamshard as ss  # noqa: E402
-from streamshard.catalog import Catalog  # noqa: E402
-from streamshard.footer import SHARED_FOOTERS  # noqa: E402
-from streamshard.obstore_fs import ObstoreFileSystem, _error, store_config  # noqa: E402
-from streamshard.reader import RowGroupReader  # noqa: E402
-from streamshard.retry import RetryPolicy, TransientError, is_transient  # noqa: E402
-from streamshard.storage import FileSystems  # noqa: E402
+from streamshard.io.catalog import Catalog  # noqa: E402
+from streamshard.io.footer import SHARED_FOOTERS  # noqa: E402
+from streamshard.io.obstore_fs import ObstoreFileSystem, _error, store_config  # noqa: E402
+from streamshard.io.reader import RowGroupReader  # noqa: E402
+from streamshard.io.retry import RetryPolicy, TransientError, is_transient  # noqa: E402
+from streamshard.io.storage import FileSystems  # noqa: E402
 from streamshard.testing import FaultConfig, faulty_proxy, write_corpus  # noqa: E402
 from helpers import assert_equal_steps, assert_exactly_once, assert_rows_match_ids, run_epoch  # noqa: E402
 from strategies import SKEWED_LAYOUT  # noqa: E402

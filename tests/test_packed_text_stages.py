@@ -14,7 +14,7 @@ import pytest
 
 import streamshard as ss
 from resume_harness import check_elastic_resume, check_loader_resume, same_batches
-from streamshard.packing_stages import StagePlans
+from streamshard.plan.packing_stages import StagePlans
 from test_packed_text import BATCH, BOS, EOS, SEQ, WORDS, expected, tokens_by_document, word_level, write_texts
 
 FIRST = 3000  # compressed bytes of text in the first stage: a few row groups of this corpus
@@ -192,7 +192,7 @@ def test_a_warm_start_gives_the_cold_batches_and_takes_the_cold_state(staged_cor
 
 
 def test_the_count_cache_keeps_a_files_row_groups_as_their_stages_are_counted(staged_corpus, tmp_path):
-    from streamshard.token_count_cache import UNKNOWN, TokenCountCache
+    from streamshard.io.token_count_cache import UNKNOWN, TokenCountCache
 
     path, _ = staged_corpus
     catalog = staged_pack(path).source.catalog

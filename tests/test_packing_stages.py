@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streamshard.elastic import Segment
+from streamshard.plan.elastic import Segment
 from streamshard.errors import StateError
-from streamshard.packing_stages import StageCounts, StagedPlanner, Stages, StagePlans
-from streamshard.plan import Layout, PlanConfig, stream_order
-from streamshard.resume import Position
+from streamshard.plan.packing_stages import StageCounts, StagedPlanner, Stages, StagePlans
+from streamshard.plan.epoch_plan import Layout, PlanConfig, stream_order
+from streamshard.plan.resume import Position
 
 Q = 12  # tokens per batch (batch_size x seq_len)
 

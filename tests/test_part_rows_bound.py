@@ -13,10 +13,10 @@ import weakref
 import numpy as np
 import pytest
 
-from streamshard import batch_plan
-from streamshard.batch_plan import StreamSchedule
-from streamshard.elastic import Segment, resume_plan
-from streamshard.plan import EpochPlan, PlanConfig
+from streamshard.plan import batch_plan
+from streamshard.plan.batch_plan import StreamSchedule
+from streamshard.plan.elastic import Segment, resume_plan
+from streamshard.plan.epoch_plan import EpochPlan, PlanConfig
 
 from strategies import make_layout
 

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import streamshard as ss
-from streamshard.catalog_share import catalog_from_json, catalog_to_json
+from streamshard.io.catalog_share import catalog_from_json, catalog_to_json
 from streamshard.cli import main
 
 ROWS = 60

@@ -1,4 +1,4 @@
-"""Specification of streamshard.permutation: a keyed, random-access bijection of range(n)."""
+"""Specification of streamshard.plan.permutation: a keyed, random-access bijection of range(n)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamshard.permutation import MAX_N, Permutation, mix_seed
+from streamshard.plan.permutation import MAX_N, Permutation, mix_seed
 
 REPO = Path(__file__).resolve().parents[1]
 SEEDS = st.integers(min_value=0, max_value=2**64 - 1)
@@ -153,7 +153,7 @@ def test_same_seed_same_output_in_another_process():
     ids = [0, 1, 2, 3, 1000, 65536]
     script = (
         "import json, sys, numpy as np\n"
-        "from streamshard.permutation import Permutation, mix_seed\n"
+        "from streamshard.plan.permutation import Permutation, mix_seed\n"
         "cases, ids = json.loads(sys.argv[1])\n"
         "out = [Permutation(n, s)[np.array(ids)].tolist() for n, s in cases]\n"
         "print(json.dumps([out, mix_seed(1, 2, 2**64 - 1)]))\n"

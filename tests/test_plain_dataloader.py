@@ -21,7 +21,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 import streamshard as ss
-from streamshard.catalog_share import SNAPSHOT, CatalogShare, catalog_from_json, catalog_to_json, load, save
+from streamshard.io.catalog_share import SNAPSHOT, CatalogShare, catalog_from_json, catalog_to_json, load, save
 from streamshard.testing import write_corpus
 from helpers import assert_exactly_once, assert_rows_match_ids
 from resume_harness import same_batches

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from streamshard.plan import EpochPlan, Layout, PlanConfig
+from streamshard.plan.epoch_plan import EpochPlan, Layout, PlanConfig
 
 from strategies import PROPERTY, configs, layouts, make_layout
 
@@ -157,7 +157,7 @@ def test_window_interleave_keeps_each_piece_in_order_and_splits_into_segments(ro
 @PROPERTY
 @given(files=layouts, world=st.integers(1, 6), workers=st.integers(0, 4), config=configs, epoch=st.integers(0, 2))
 def test_the_schedules_of_all_workers_deliver_each_row_once_in_equal_uniform_steps(files, world, workers, config, epoch):
-    from streamshard.batch_plan import StreamSchedule
+    from streamshard.plan.batch_plan import StreamSchedule
 
     layout = make_layout(files)
     plan = EpochPlan(layout, config, epoch, world * max(workers, 1))
@@ -192,7 +192,7 @@ def test_the_schedules_of_all_workers_deliver_each_row_once_in_equal_uniform_ste
 @given(files=layouts, config=configs, epoch=st.integers(0, 2))
 def test_one_worker_without_a_window_delivers_each_piece_in_its_row_order(files, config, epoch):
     """An independent reference: pieces in order, each piece's rows in the row group's emitted order."""
-    from streamshard.batch_plan import StreamSchedule
+    from streamshard.plan.batch_plan import StreamSchedule
 
     assume(config.shuffle_window == 1)
     layout = make_layout(files)
@@ -208,7 +208,7 @@ def test_one_worker_without_a_window_delivers_each_piece_in_its_row_order(files,
 def test_upcoming_reads_name_exactly_the_reads_the_remaining_batches_use(files, workers, config, epoch, data):
     """What read-ahead fetches without building specs (``upcoming_reads``) is every read the batches
     from ``start`` on use, once each, and the same read as the batch names."""
-    from streamshard.batch_plan import StreamSchedule
+    from streamshard.plan.batch_plan import StreamSchedule
 
     plan = EpochPlan(make_layout(files), config, epoch, workers)
     schedule = StreamSchedule(plan, data.draw(st.integers(0, workers - 1)))
@@ -232,8 +232,8 @@ def test_upcoming_reads_name_exactly_the_reads_the_remaining_batches_use(files, 
 def test_kept_row_orders_give_the_rows_of_the_row_groups_own_permutation(layout, seed, epoch, cache, data):
     """Row orders kept between batches (evicted as they age, bypassed for huge groups) never change
     which row an emitted position reads."""
-    import streamshard.plan as plan_module
-    from streamshard.permutation import Permutation, mix_seed
+    import streamshard.plan.epoch_plan as plan_module
+    from streamshard.plan.permutation import Permutation, mix_seed
 
     lay = make_layout(layout)
     assume(lay.rg_rows.sum() > 0)

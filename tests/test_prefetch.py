@@ -19,7 +19,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamshard.prefetch import (
+from streamshard.loader.prefetch import (
     BufferPool,
     DevicePrefetcher,
     _Pass,

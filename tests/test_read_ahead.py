@@ -43,7 +43,7 @@ def test_a_shuffle_windows_row_groups_are_read_at_once_whatever_read_ahead(tmp_p
     """A shuffled batch draws from every row group of its window, so all of them are needed before
     the first batch: they are read concurrently, not ``read_ahead`` at a time (on object storage,
     one round trip per ``read_ahead`` reads)."""
-    from streamshard.reader import RowGroupReader
+    from streamshard.io.reader import RowGroupReader
 
     write_corpus(str(tmp_path), [[500] * 4] * 4)  # 16 row groups: one shuffle window
     inner = RowGroupReader.read

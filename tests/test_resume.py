@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 import streamshard as ss
-from streamshard.elastic import Segment, remaining_stream, resume_plan, rows_delivered, worker_batches_delivered
+from streamshard.plan.elastic import Segment, remaining_stream, resume_plan, rows_delivered, worker_batches_delivered
 from streamshard.testing import write_corpus
 
 from helpers import ids_of

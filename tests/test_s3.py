@@ -50,7 +50,7 @@ def test_s3_missing_prefix_is_a_clear_error(s3):
 
 
 def test_one_s3_client_per_process_and_options(s3):
-    from streamshard.storage import FileSystems
+    from streamshard.io.storage import FileSystems
 
     a = FileSystems(s3.storage_options).resolve("s3://corpus-bucket/x")[0]
     b = FileSystems(dict(s3.storage_options)).resolve("s3://corpus-bucket/y")[0]

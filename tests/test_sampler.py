@@ -1,4 +1,4 @@
-"""Specification of streamshard.sampler.ElasticSampler: node-local shuffling, equal counts, resume, resize."""
+"""Specification of streamshard.streams.sampler.ElasticSampler: node-local shuffling, equal counts, resume, resize."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader, TensorDataset
 
 from streamshard.errors import StateError
-from streamshard.sampler import ElasticSampler
+from streamshard.streams.sampler import ElasticSampler
 
 
 @pytest.fixture(autouse=True)

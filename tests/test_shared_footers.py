@@ -19,9 +19,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import streamshard as ss
-from streamshard.catalog import Catalog
-from streamshard.footer import SHARED_FOOTERS, SharedFooters
-from streamshard.reader import RowGroupReader
+from streamshard.io.catalog import Catalog
+from streamshard.io.footer import SHARED_FOOTERS, SharedFooters
+from streamshard.io.reader import RowGroupReader
 from streamshard.testing import faulty_proxy, write_corpus
 
 
@@ -61,7 +61,7 @@ def every_row(catalog, options) -> list[int]:
 
 def build_in_another_process(url, options, cache_dir) -> None:
     """Catalog ``url`` in a fresh interpreter, leaving its summary in ``cache_dir`` (as another rank or job would)."""
-    code = ("import json, sys; from streamshard.catalog import Catalog; "
+    code = ("import json, sys; from streamshard.io.catalog import Catalog; "
             "Catalog.build(sys.argv[1], None, json.loads(sys.argv[2]), cache_dir=sys.argv[3])")
     subprocess.run([sys.executable, "-c", code, url, json.dumps(options), cache_dir], check=True, timeout=120)
 

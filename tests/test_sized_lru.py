@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamshard.sized_lru import SizedLRU
+from streamshard.plan.sized_lru import SizedLRU
 
 
 @settings(max_examples=200, deadline=None)

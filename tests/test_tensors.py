@@ -14,8 +14,8 @@ import torch
 from torch.utils.data import DataLoader
 
 import streamshard as ss
-from streamshard.batches import concat, padding_like
-from streamshard.tensors import BatchConverter
+from streamshard.convert.batches import concat, padding_like
+from streamshard.convert.tensors import BatchConverter
 
 
 def read_all(path, **kwargs):

@@ -99,7 +99,7 @@ def test_a_worker_error_reaches_the_loop_with_its_type_and_leaving_early_stops_t
 def test_round_robin_keeps_the_order_and_delivers_every_batch_before_a_workers_error():
     """Workers hand batches over a few at a time; the loop still sees worker 0, 1, 2, 0, 1, 2, ...,
     and a worker that fails after producing some batches gets them delivered before its error."""
-    from streamshard.thread_workers import round_robin
+    from streamshard.loader.thread_workers import round_robin
 
     def worker(w, n, fail_after=None):
         for i in range(n):
@@ -137,7 +137,7 @@ def test_leaving_the_loop_mid_epoch_and_exiting_stops_the_worker_threads_first(c
 def test_a_worker_that_hands_over_nothing_within_timeout_is_an_error_naming_the_timeout():
     import time as _time
 
-    from streamshard.thread_workers import round_robin
+    from streamshard.loader.thread_workers import round_robin
 
     def stuck():
         yield {"x": torch.zeros(1)}
@@ -156,7 +156,7 @@ def test_a_ready_batch_reaches_the_loop_while_its_worker_waits_for_the_next_read
     must not stall batches already made)."""
     import threading as _threading
 
-    from streamshard.thread_workers import round_robin
+    from streamshard.loader.thread_workers import round_robin
 
     released = _threading.Event()
 
@@ -178,7 +178,7 @@ def test_the_workers_start_together_so_their_first_reads_overlap():
     """A worker's first batch waits for its first reads: the workers start at once, not each after
     the one before has delivered (on object storage, a round trip per worker), and the order and a
     first-batch error or an empty worker are what they were."""
-    from streamshard.thread_workers import round_robin
+    from streamshard.loader.thread_workers import round_robin
 
     began, first_done = {}, {}
 

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamshard.batch_plan import StreamSchedule
-from streamshard.plan import EpochPlan, Layout, PlanConfig, stream_order
-from streamshard.unit_order import WINDOW_BALANCE, WINDOW_MAX_PIECES, WINDOW_MAX_ROWS, spread_order, window_starts
+from streamshard.plan.batch_plan import StreamSchedule
+from streamshard.plan.epoch_plan import EpochPlan, Layout, PlanConfig, stream_order
+from streamshard.plan.unit_order import WINDOW_BALANCE, WINDOW_MAX_PIECES, WINDOW_MAX_ROWS, spread_order, window_starts
 
 
 @settings(max_examples=200, deadline=None)

@@ -47,7 +47,7 @@ from typing import Callable, Sequence, Union
 import numpy as np
 import torch
 
-from ..validate import check_int
+from ..plan.validate import check_int
 from .directory import CacheFiles, DirectoryLock, RecordSpec, key_digest, open_disk, read_meta, wipe_files
 from .disk import DiskTier
 from .errors import CacheError, CacheWarning, RecordSpecError

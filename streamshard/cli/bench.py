@@ -13,10 +13,10 @@ from typing import Any, TextIO
 
 import torch
 
-from ..cpu_usage import tree_cpu_seconds
-from ..dataset import ParquetStream
-from ..loader import StreamLoader
-from .progress import progress_bar
+from ..io.cpu_usage import tree_cpu_seconds
+from ..streams.dataset import ParquetStream
+from ..loader.stream_loader import StreamLoader
+from ..progress import progress_bar
 
 
 def run_bench(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:

@@ -20,9 +20,9 @@ import os
 import sys
 from typing import Any, Sequence, TextIO
 
-from ..dataset import DEFAULT_BATCH_SIZE
+from ..streams.dataset import DEFAULT_BATCH_SIZE
 from ..errors import StreamshardError
-from ..plan import UNEVEN_POLICIES, UNITS
+from ..plan.epoch_plan import UNEVEN_POLICIES, UNITS
 from .bench import render_bench, run_bench
 from .inspect import render_inspect, run_inspect
 from .plan import render_plan, run_plan

@@ -20,15 +20,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from ..catalog import Catalog, read_footer
-from ..decoded_size import byte_array_leaves, decoded_bytes, leaf_value_bytes
+from ..io.catalog import Catalog, read_footer
+from ..format.decoded_size import byte_array_leaves, decoded_bytes, leaf_value_bytes
 from ..errors import CatalogError, ConversionError
-from ..partitions import drop_columns
-from ..schema import canonical_type, unify
-from ..sources import Listing, list_sources
-from ..storage import FileSystems
-from ..tensors import BatchConverter
-from .progress import progress_bar
+from ..io.partitions import drop_columns
+from ..format.schema import canonical_type, unify
+from ..io.sources import Listing, list_sources
+from ..io.storage import FileSystems
+from ..convert.tensors import BatchConverter
+from ..progress import progress_bar
 
 log = logging.getLogger("streamshard")
 

@@ -11,10 +11,10 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from ..catalog import Catalog
-from ..plan import UNEVEN_POLICIES, EpochPlan, PlanConfig
+from ..io.catalog import Catalog
+from ..plan.epoch_plan import UNEVEN_POLICIES, EpochPlan, PlanConfig
 from .inspect import spread
-from .progress import progress_bar
+from ..progress import progress_bar
 
 
 def run_plan(args: argparse.Namespace, err: TextIO) -> dict[str, Any]:

@@ -41,7 +41,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from ..loader import StreamLoader
+from ..loader.stream_loader import StreamLoader
 
 _PROGRESS = ("ready", "started", "processed", "completed")  # Lightning's in-epoch batch counters
 

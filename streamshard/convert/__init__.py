@@ -1,0 +1,1 @@
+"""Arrow to torch: values and list levels (numpy), tensors, padded batches, gathering; tokenizers."""

@@ -1,0 +1,276 @@
+"""Reading row groups inside a worker: exact byte ranges, decoded by pyarrow, only the rows asked for.
+
+For one row group the reader asks ``fetch.FileFetcher`` for only the column chunks of the projected
+columns, as byte ranges (adjacent ones coalesced when the gap is small), plus the file's footer the
+first time this process meets the file; the fetcher reads each file at its cataloged version, shares
+footers across the readers of the process and retries transient faults (see ``fetch.py``). pyarrow
+then decodes from those bytes alone (the footer is passed as ``metadata``, so nothing else is read).
+
+A row group estimated to decode to more than ``STREAM_ABOVE_BYTES`` (``decoded_size.py``) is
+*streamed* instead: pyarrow decodes it in record batches of about ``STREAM_BATCH_BYTES`` from a
+file view that fetches byte ranges as the decoder asks (about ``STREAM_BUFFER_BYTES`` of compressed
+bytes buffered over all columns), and only the rows asked for (``rows=``) are kept. So a worker
+that owns part of a huge row group holds its part plus one record batch, not the whole group and
+its compressed bytes. Small groups (the common case) keep the one-round whole-group read.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from fsspec.utils import merge_offset_ranges
+
+from ..format import int96
+from ..format.decoded_size import row_group_decoded_bytes
+from ..errors import ReadError
+from .fetch import FileFetcher, ReadStats
+from .footer import chunk_ranges
+from .reader_parts import _SparseFile, check_decoded, decode_rows, keep_rows
+from .retry import RetriesExhausted, RetryPolicy, describe
+from .storage import FileSystems
+
+log = logging.getLogger("streamshard")
+
+Range = tuple[int, int]
+
+DEFAULT_MAX_GAP = 16 * 1024  # bytes of unneeded data worth fetching to save one request
+# A row group decoding to more than this is streamed (record batches, ranges fetched on demand):
+# above it the whole-group read's peak (compressed chunks + decoded table, ~3x the table) matters
+# more than its one round trip; below it, streaming gains nothing.
+STREAM_ABOVE_BYTES = 64 * 1024 * 1024
+STREAM_BATCH_BYTES = 16 * 1024 * 1024  # decoded bytes per record batch of a streamed row group
+STREAM_BUFFER_BYTES = 16 * 1024 * 1024  # compressed bytes buffered over all columns while streaming
+_PART_CHUNKS = 8  # a streamed part is gathered into about this many chunks (a take costs per chunk)
+# A group this many times smaller (compressed) than STREAM_ABOVE_BYTES is read whole without first
+# fetching its footer to estimate its decoded size (keeps footer and data in one round).
+_SURELY_SMALL_RATIO = 32
+
+
+class RowGroupReader:
+    """Reads ``(file, row group)`` of a fixed list of files, fetching only what it decodes.
+
+    Args:
+        urls, sizes: the files (as cataloged) and their sizes in bytes.
+        columns: top-level columns to decode (None: all).
+        storage_options: fsspec options (credentials, endpoint); secrets never reach messages.
+        max_open_files: open handles kept for synchronous filesystems.
+        footer_lengths, rg_ranges, file_first_rg: the catalog's byte layout (see
+            ``from_catalog``); without it each file's footer is fetched before its data.
+        retry: per-request retry policy. max_gap: coalesce ranges closer than this.
+        max_cached_footers: parsed footers kept (a footer is fetched again after eviction).
+        versions: each file's version as cataloged (``Catalog.versions``); given, a file whose
+            size or version differs now is refused (``ReadError``). None: not checked.
+        schema: the catalog's Arrow schema; its timestamp unit of an INT96 column is the unit the column is
+            decoded at (``int96.py``; None: microseconds).
+        verify_checksums: check the CRC of every page that has one (writers add them on request: pyarrow's
+            ``write_page_checksum``, Spark's ``parquet.page.write-checksum.enabled``); a mismatch is a
+            ``ReadError`` naming the file and row group. Pages without one are read as they are.
+
+    Thread-safe: several row groups may be read at once (that is how read-ahead overlaps I/O).
+    """
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        sizes: Sequence[int],
+        columns: Sequence[str] | None,
+        storage_options: dict[str, Any] | None = None,
+        max_open_files: int = 4,
+        *,
+        footer_lengths: Sequence[int] | None = None,
+        rg_ranges: np.ndarray | None = None,
+        file_first_rg: Sequence[int] | None = None,
+        retry: RetryPolicy | None = None,
+        max_gap: int = DEFAULT_MAX_GAP,
+        max_cached_footers: int = 64,
+        versions: Sequence[str] | None = None,
+        schema: pa.Schema | None = None,
+        verify_checksums: bool = True,
+    ) -> None:
+        self.urls, self.sizes = list(urls), [int(s) for s in sizes]
+        self.columns = list(columns) if columns is not None else None
+        self.filesystems = FileSystems(storage_options)
+        self.retry = retry or RetryPolicy()
+        self.max_gap = max_gap
+        layout = (footer_lengths, rg_ranges, file_first_rg)
+        if any(x is None for x in layout) and any(x is not None for x in layout):
+            raise ValueError("footer_lengths, rg_ranges and file_first_rg go together")
+        self._rg_ranges = rg_ranges
+        self._file_first_rg = None if file_first_rg is None else np.asarray(file_first_rg, dtype=np.int64)
+        self.stats = ReadStats()
+        self._files = FileFetcher(self.urls, self.sizes, self.filesystems, self.retry, self.stats,
+                                  footer_lengths=footer_lengths, versions=versions, max_open_files=max_open_files,
+                                  max_cached_footers=max_cached_footers)
+        self.schema = schema
+        self.verify_checksums = verify_checksums
+        self.files_opened = 0  # distinct files this reader touched (laziness is observable)
+        self._touched: set[int] = set()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_catalog(cls, catalog: Any, storage_options: dict[str, Any] | None = None,
+                     columns: Sequence[str] | None = None, **kwargs: Any) -> "RowGroupReader":
+        """A reader of ``catalog``'s file columns (or those of the subset ``columns``: partition keys are not
+        read from files, ``partitions.with_partition_columns`` adds them) that uses its byte
+        ranges (no footer round trip) and refuses files whose version changed since
+        (``versions=None`` turns that check off)."""
+        kwargs.setdefault("versions", getattr(catalog, "versions", None) or None)
+        in_files = list(getattr(catalog, "file_columns", catalog.columns))  # partition keys are not in the files
+        keys = set(getattr(catalog, "partition_keys", ()))
+        columns = [c for c in (in_files if columns is None else columns) if c not in keys]
+        layout: dict[str, Any] = {}
+        if getattr(catalog, "rg_ranges", None) is not None:
+            index = [in_files.index(c) for c in columns]
+            layout = dict(
+                footer_lengths=catalog.footer_lengths,
+                rg_ranges=catalog.rg_ranges[:, index, :],
+                file_first_rg=catalog.file_first_rg,
+            )
+        kwargs.setdefault("schema", getattr(catalog, "schema", None))
+        return cls(catalog.urls, catalog.file_sizes, columns, storage_options, **layout, **kwargs)
+
+    # -- public --------------------------------------------------------------------------------
+    def read(self, file_index: int, row_group: int, rows: np.ndarray | None = None) -> pa.Table:
+        """The projected columns of one row group; ``ReadError`` names the URL, row group and cause.
+
+        ``rows``: sorted row numbers (file order) to keep; the table then holds exactly those rows,
+        in that order. None: every row. A group larger than ``STREAM_ABOVE_BYTES`` decoded is
+        streamed, so asking for part of it holds only that part.
+        """
+        started = time.perf_counter()
+        rows = None if rows is None else np.asarray(rows, dtype=np.int64)
+        try:
+            metadata = self._footer_unless_small(file_index, row_group)
+            estimate = -1 if metadata is None else row_group_decoded_bytes(metadata, row_group, self.columns)
+            if estimate > STREAM_ABOVE_BYTES:
+                table = self._read_streaming(file_index, row_group, metadata, rows, estimate)
+            else:
+                table = self._read_whole(file_index, row_group, rows)
+            check_decoded(table)
+        except Exception as exc:  # noqa: BLE001 - fsspec/pyarrow/botocore raise many types
+            raise self._error(file_index, row_group, exc) from None
+        with self._lock:
+            self.stats.row_groups_read += 1
+            self.stats.rows_kept += table.num_rows
+            self.stats.read_seconds += time.perf_counter() - started
+        return table
+
+    def _read_whole(self, file_index: int, row_group: int, rows: np.ndarray | None) -> pa.Table:
+        """Fetch the group's projected chunks in one round, decode them at once, keep ``rows``."""
+        self._touch(file_index)
+        metadata, parts = self._files.footer_and_ranges(file_index,
+                                                        lambda footer: self._ranges(file_index, row_group, footer))
+        source = _SparseFile(self.sizes[file_index], sorted(parts), lambda s, e: self._miss(file_index, s, e))
+        parquet = pq.ParquetFile(pa.PythonFile(source, mode="r"), metadata=metadata, pre_buffer=False,
+                                 coerce_int96_timestamp_unit=int96.read_unit(metadata, self.schema),
+                                 page_checksum_verification=self.verify_checksums)
+        table = parquet.read_row_group(row_group, columns=self.columns)
+        with self._lock:
+            self.stats.rows_decoded += table.num_rows
+            self.stats.largest_decode = max(self.stats.largest_decode, table.num_rows)
+        return table if rows is None else keep_rows(table, rows, self.urls[file_index], row_group)
+
+    def _read_streaming(self, file_index: int, row_group: int, metadata: pq.FileMetaData,
+                        rows: np.ndarray | None, estimate: int) -> pa.Table:
+        """Decode the group in record batches from ranges fetched on demand, keeping only ``rows``."""
+        self._touch(file_index)
+        group = metadata.row_group(row_group)
+        total = group.num_rows
+        if rows is not None and len(rows) and not 0 <= rows[0] <= rows[-1] < total:
+            raise ReadError(f"{self.urls[file_index]}: row group {row_group} has {total} rows, "
+                            f"asked for rows {int(rows[0])}..{int(rows[-1])}; did the file change?")
+        batch_rows = int(np.clip(STREAM_BATCH_BYTES * total // max(estimate, 1), 1, 65536))
+        wanted = None if self.columns is None else set(self.columns)
+        leaves = sum(1 for c in range(group.num_columns)
+                     if wanted is None or group.column(c).path_in_schema.split(".")[0] in wanted)
+        buffer = int(np.clip(STREAM_BUFFER_BYTES // max(leaves, 1), min(64 * 1024, STREAM_BUFFER_BYTES), 4 * 1024 * 1024))
+        source = _SparseFile(self.sizes[file_index], [], lambda s, e: self._files.fetch_range(file_index, s, e))
+        parquet = pq.ParquetFile(pa.PythonFile(source, mode="r"), metadata=metadata, pre_buffer=False,
+                                 buffer_size=buffer, coerce_int96_timestamp_unit=int96.read_unit(metadata, self.schema),
+                                 page_checksum_verification=self.verify_checksums)
+        part = estimate if rows is None else estimate * len(rows) // max(total, 1)
+        combine = max(4 * STREAM_BATCH_BYTES, part // _PART_CHUNKS)
+        kept, decoded, largest = decode_rows(parquet, row_group, self.columns, rows, total, batch_rows, combine)
+        with self._lock:
+            self.stats.row_groups_streamed += 1
+            self.stats.rows_decoded += decoded
+            self.stats.largest_decode = max(self.stats.largest_decode, largest)
+        schema = parquet.schema_arrow
+        if self.columns is not None:
+            schema = pa.schema([schema.field(c) for c in self.columns], metadata=schema.metadata)
+        table = pa.Table.from_batches(kept, schema=kept[0].schema if kept else schema)
+        if table.num_rows != (total if rows is None else len(rows)):
+            raise ReadError(f"{self.urls[file_index]}: row group {row_group} decoded {decoded} of the "
+                            f"{total} rows its footer lists; did the file change?")
+        return table
+
+    def _footer_unless_small(self, file_index: int, row_group: int) -> pq.FileMetaData | None:
+        """The file's footer, or None when the group's compressed bytes (the catalog's ranges, or a
+        cached footer) already show it is small: then nothing is estimated, and the footer comes
+        with the data in one round."""
+        cached = self._files.cached_footer(file_index)
+        if self._rg_ranges is not None or cached is not None:
+            compressed = sum(e - s for s, e in self._ranges(file_index, row_group, cached, merge=False))
+            if compressed * _SURELY_SMALL_RATIO <= STREAM_ABOVE_BYTES:
+                return None
+        if cached is not None:
+            return cached
+        self._touch(file_index)
+        return self._files.footer(file_index)
+
+    def close(self) -> None:
+        """Close open handles, forget cached footers and version checks (the reader can still be used after)."""
+        self._files.close()
+
+    def _ranges(self, file_index: int, row_group: int, metadata: pq.FileMetaData | None,
+                merge: bool = True) -> list[Range]:
+        """``[start, end)`` ranges of the projected chunks of one row group (coalesced unless ``merge=False``)."""
+        if self._rg_ranges is not None:
+            first = int(self._file_first_rg[file_index])
+            stop = int(self._file_first_rg[file_index + 1]) if file_index + 1 < len(self.urls) else len(self._rg_ranges)
+            if not 0 <= row_group < stop - first:
+                raise ReadError(f"{self.urls[file_index]}: row group {row_group} does not exist "
+                                f"(the catalog has {stop - first})")
+            spans = self._rg_ranges[first + row_group]
+        else:
+            assert metadata is not None
+            if not 0 <= row_group < metadata.num_row_groups:
+                raise ReadError(f"{self.urls[file_index]}: row group {row_group} does not exist "
+                                f"(the file has {metadata.num_row_groups})")
+            names = self.columns if self.columns is not None else metadata.schema.to_arrow_schema().names
+            spans = chunk_ranges(metadata, names)[row_group]
+        spans = [(int(s), int(e)) for s, e in spans if e > s]
+        if not spans or not merge:
+            return spans
+        n = len(spans)
+        _, starts, ends = merge_offset_ranges([""] * n, [s for s, _ in spans], [e for _, e in spans], max_gap=self.max_gap)
+        return list(zip(starts, ends))
+
+    def _miss(self, file_index: int, start: int, end: int) -> bytes:
+        log.debug("%s: pyarrow read %d-%d outside the planned ranges", self.urls[file_index], start, end)
+        with self._lock:
+            self.stats.misses += 1
+        return self._files.fetch_range(file_index, start, end)
+
+    def _touch(self, file_index: int) -> None:
+        with self._lock:
+            if file_index not in self._touched:
+                self._touched.add(file_index)
+                self.files_opened += 1
+
+    def _error(self, file_index: int, row_group: int, exc: BaseException) -> ReadError:
+        url = self.urls[file_index]
+        if isinstance(exc, ReadError):  # already says what is wrong with the file: add the row group
+            text = str(exc)
+            cause, note = (text[len(url) + 2 :] if text.startswith(f"{url}: ") else text), ""
+        else:
+            cause = str(exc) if isinstance(exc, RetriesExhausted) else describe(exc)
+            # Retries exhausted: the store is unreachable or failing; asking it more would only add time.
+            note = "" if isinstance(exc, RetriesExhausted) else self._files.change_note(file_index)
+        return ReadError(self.filesystems.redact(f"{url}: reading row group {row_group} failed: {cause}{note}"))

@@ -1,0 +1,118 @@
+"""Counting the tokens of a text column, row group by row group, before a packed epoch is planned.
+
+Equal steps need every global worker's token count before anything is read, and a footer does not
+know how a tokenizer will cut its texts: so each row group is tokenized once, here, and only its
+count kept (``TokenCountCache`` keeps it on disk, per file version and tokenizer). Cold, this costs
+one tokenizing pass over the corpus, split over the ranks (each counts every world-size-th missing
+row group; an all-gather gives all of them to everyone) and over ``threads`` read/tokenize threads per
+rank (Hugging Face tokenizers run without the GIL); a bar on a terminal shows its progress. Warm, it
+costs one JSON read. A failure on any rank is raised on every rank (no rank waits forever for it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from . import collective
+from ..errors import ReadError
+from .reader import RowGroupReader
+from ..convert.text_tokenizer import TextTokenizer
+from .token_count_cache import UNKNOWN, TokenCountCache
+
+log = logging.getLogger("streamshard")
+
+
+def row_group_texts(table: pa.Table, column: str) -> list[str | None]:
+    """The texts of a decoded row group, nulls as None."""
+    return table.column(column).to_pylist()
+
+
+def count_text_tokens(catalog: Any, storage_options: dict[str, Any], column: str, tokenizer: TextTokenizer,
+                      cache_dir: str | None = None, *, distributed: bool = False, group: Any = None,
+                      threads: int | None = None, quiet: bool = False, rgs: np.ndarray | None = None,
+                      what: str = "before the first epoch", known: np.ndarray | None = None) -> np.ndarray:
+    """Tokens per row group of ``catalog`` (int64) as ``tokenizer`` lays them out, cached in ``cache_dir``
+    when the tokenizer has an identity. ``distributed``: split the counting over ``group``'s ranks.
+    ``rgs``: count only these row groups (a stage of the epoch); the others are as the cache has
+    them, ``UNKNOWN`` if it has none. ``what`` says in the log what the counting is for. ``known``:
+    counts this process already holds (``UNKNOWN`` elsewhere), used with the cache's."""
+    cache = TokenCountCache(cache_dir, tokenizer.identity, column) if cache_dir and tokenizer.identity else None
+    counts = cache.load(catalog) if cache is not None else np.full(catalog.num_row_groups, UNKNOWN, np.int64)
+    if known is not None:
+        counts = np.where(counts >= 0, counts, known)
+    place = collective.process_group(group) if distributed else None
+    if place is not None:  # everyone plans the split from rank 0's view of the cache
+        counts = np.array(collective.broadcast([int(c) for c in counts], group), dtype=np.int64)
+    wanted = np.arange(len(counts), dtype=np.int64) if rgs is None else np.asarray(rgs, dtype=np.int64)
+    missing = wanted[counts[wanted] < 0]
+    if not missing.size:
+        return counts
+    rank, world = place if place is not None else (0, 1)
+    mine = missing[rank::world]
+    started = time.perf_counter()
+    log.info("counting the tokens of %d row groups of column %r (%d on this rank) %s",
+             len(missing), column, len(mine), what)
+    error: BaseException | None = None
+    try:
+        counts[mine] = _count(catalog, storage_options, column, tokenizer, mine, threads, quiet)
+    except Exception as exc:  # noqa: BLE001 - re-raised below, after the other ranks learn of it
+        if place is None:
+            raise
+        error = exc
+    if place is not None:
+        shares = collective.all_gather({"rgs": [int(r) for r in mine], "counts": [int(c) for c in counts[mine]],
+                                        "error": None if error is None else f"{type(error).__name__}: {error}"}, group)
+        if error is not None:
+            raise error
+        failed = [(r, s["error"]) for r, s in enumerate(shares) if s["error"]]
+        if failed:
+            raise ReadError(f"counting tokens failed on rank {failed[0][0]}: {failed[0][1]}")
+        for share in shares:
+            counts[np.array(share["rgs"], dtype=np.int64)] = share["counts"]
+    log.info("counted %d tokens in %d row groups in %.1f s", int(counts[missing].sum()), len(missing),
+             time.perf_counter() - started)
+    if cache is not None and (place is None or place[0] == 0):
+        cache.save(catalog, counts)
+    return counts
+
+
+def _count(catalog: Any, storage_options: dict[str, Any], column: str, tokenizer: TextTokenizer,
+           rgs: np.ndarray, threads: int | None, quiet: bool) -> np.ndarray:
+    from ..progress import progress_bar  # here: importing the package must not import the command line
+
+    reader = RowGroupReader.from_catalog(catalog, storage_options, columns=[column])
+    threads = threads or min(8, os.cpu_count() or 1)
+    bar = progress_bar(sys.stderr, total=len(rgs), unit="rg", desc="counting tokens", quiet=quiet)
+
+    def one(rg: int) -> int:
+        file_index, index = int(catalog.rg_file[rg]), int(catalog.rg_index[rg])
+        table = reader.read(file_index, index)
+        where = f"{catalog.urls[file_index]}: row group {index}"
+        if table.num_rows != int(catalog.rg_rows[rg]):
+            raise ReadError(f"{where}: {table.num_rows} rows, but the footer said {int(catalog.rg_rows[rg])}")
+        return tokenizer.count(row_group_texts(table, column), where)
+
+    out = np.zeros(len(rgs), dtype=np.int64)
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="streamshard-count")
+    in_flight: deque[tuple[int, Future]] = deque()  # bounded: a million row groups are not a million futures
+    try:
+        for i, rg in enumerate(rgs.tolist()):
+            in_flight.append((i, pool.submit(one, rg)))
+            while in_flight and (len(in_flight) >= 2 * threads or i == len(rgs) - 1):
+                done, future = in_flight.popleft()
+                out[done] = future.result()
+                bar.update(1)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # after a failure, the queued row groups do not start
+        bar.close()
+        reader.close()
+    return out

@@ -1,0 +1,318 @@
+"""Reading what a schedule says: decoded row groups in, batches of tensors out.
+
+The one delivery path of every stream. A :class:`~streamshard.plan.batch_plan.Schedule` decides each
+batch; this module fetches the row groups its specs name (``read_ahead`` reads in flight on
+background threads: pyarrow decodes without the GIL), converts each one once on the thread that
+read it (``gather.py``), holds it until the last batch that needs it, and gathers each batch's
+rows from the reads it names, padded. Schemas with inner list levels convert each batch's rows
+instead (``build``). Memory: the groups the current batch still
+shares with later ones plus ``read_ahead`` groups read ahead, never a file; of a group this worker
+owns only part of, only that part (the read names its rows, ``Read.rows``; ``local_rows`` maps
+row numbers into it).
+
+A failed read ends the pass: reads queued behind it fail with the same error instead of starting
+(a hung store would otherwise cost a full retry deadline per queued read), and a conversion error
+names the file and row group of the rows it came from (``describe``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from ..plan.batch_plan import BatchSpec, Read, Schedule
+from ..convert.batches import CORPUS, concat, padding_like, with_ids
+from ..errors import ConversionError
+from ..convert.gather import Gatherer, convert_read, gatherable
+from ..io.reader import ReadStats
+from ..convert.tensors import Batch, BatchConverter
+
+_MAX_LOOKAHEAD = 64  # batch specs computed ahead to find the next reads, for schedules without upcoming_reads
+_PENDING = object()  # not resolved yet
+# Read threads beyond ``read_ahead``, for the reads one batch needs together (a shuffle window's ~16-28
+# row groups at its start): these run at once rather than ``read_ahead`` at a time, which on object
+# storage is a round trip per ``read_ahead`` reads. They hold nothing more (the batch needs them all);
+# threads start only as reads wait for one.
+_TOGETHER = 32
+
+
+@dataclass
+class DeliveryStats:
+    """Where a worker's time went, for ``ParquetStream.stats_hook`` (``streamshard bench`` reads it).
+
+    ``worker``: which of the rank's workers; ``busy_s``: producing batches (inside ``next()``); ``wait_s``: the part of it blocked on row-group
+    reads; ``convert_s``: building batches of tensors from the reads; ``prepare_s``: converting each
+    read once for that, on the read-ahead threads (summed over them, like the reader's times);
+    ``reads``: the reader's own counters (bytes fetched, fetch and decode seconds, summed over the
+    read-ahead threads).
+    """
+
+    reads: ReadStats
+    worker: int = 0  # the rank's worker (DataLoader process or StreamLoader thread) these are of
+    rows: int = 0
+    batches: int = 0
+    busy_s: float = 0.0
+    wait_s: float = 0.0
+    convert_s: float = 0.0
+    prepare_s: float = 0.0
+
+
+class _Ready:
+    """A finished read, for the synchronous path (``read_ahead=0``)."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self._table = table
+
+    def result(self) -> pa.Table:
+        return self._table
+
+
+def deliver(
+    schedule: Schedule, start: int, read: Callable[[Read], Any], convert: BatchConverter | None, read_ahead: int,
+    stats: DeliveryStats | None = None, assemble: Callable[[BatchSpec, dict[int, Any]], Batch] | None = None,
+    *, describe: Callable[[Read], str] | None = None,
+) -> Iterator[Batch]:
+    """Batches ``start..steps-1`` of ``schedule``, read through ``read``; timings into ``stats``.
+
+    ``assemble(spec, reads)`` replaces the default (Arrow rows -> ``convert`` -> padding) for
+    streams whose reads are not plain row groups (token packing); it gets every spec, padding
+    ones included. ``describe(read)`` says where a read's rows come from (``"<url> row group 3"``);
+    a ``ConversionError`` then names the reads whose rows failed to convert."""
+    gatherer = Gatherer(convert) if assemble is None and gatherable(convert) else None
+    if gatherer is not None:  # each read converted once, on the thread that read it
+        read = _converting(read, convert, describe, stats)
+    specs = schedule.batches(start)
+    upcoming = schedule.upcoming_reads(start) if read_ahead else None
+    pending: dict[int, Future | _Ready] = {}
+    submitted: set[int] = set()  # keys read this pass (a finished read is never read again)
+    lookahead: deque[BatchSpec] = deque()
+    pool = (ThreadPoolExecutor(max_workers=read_ahead + _TOGETHER, thread_name_prefix="streamshard-read")
+            if read_ahead else None)
+    resolved: dict[int, Any] = {}  # finished reads' results (a Future's result() locks, per batch and read)
+    template: Batch | None = None
+    exhausted = False
+    failed: list[BaseException] = []  # the first failed read: the pass ends there
+
+    def guarded(what: Read) -> Any:
+        if failed:  # queued behind a failure: do not start (the consumer gets that failure)
+            raise failed[0]
+        try:
+            return read(what)
+        except BaseException as exc:
+            failed.append(exc)
+            raise
+
+    def submit(key: int, what: Read) -> None:
+        submitted.add(key)
+        pending[key] = pool.submit(guarded, what) if pool is not None else _Ready(read(what))
+
+    def results(keys: Iterable[int]) -> dict[int, Any]:
+        out = {}
+        for key in keys:
+            value = resolved.get(key, _PENDING)
+            if value is _PENDING:
+                value = resolved[key] = pending[key].result()
+            out[key] = value
+        return out
+
+    def pull() -> bool:
+        nonlocal exhausted
+        if exhausted:
+            return False
+        spec = next(specs, None)
+        if spec is None:
+            exhausted = True
+            return False
+        lookahead.append(spec)
+        return True
+
+    try:
+        while True:
+            began = time.perf_counter()
+            if not (lookahead or pull()):
+                break
+            spec = lookahead[0]
+            for key, what in spec.reads.items():
+                if key not in pending:
+                    submit(key, what)
+            if pool is not None:  # keep `read_ahead` reads in flight beyond the current batch's
+                ahead, j = sum(1 for k in pending if k not in spec.reads), 1
+                while upcoming is not None and ahead < read_ahead:  # however many batches away
+                    key, what = next(upcoming, (None, None))
+                    if key is None:
+                        break
+                    if key not in submitted:
+                        submit(key, what)
+                        ahead += 1
+                while upcoming is None and ahead < read_ahead and j < _MAX_LOOKAHEAD and (j < len(lookahead) or pull()):
+                    for key, what in lookahead[j].reads.items():
+                        if key not in submitted:
+                            submit(key, what)
+                            ahead += 1
+                    j += 1
+            lookahead.popleft()
+            if assemble is not None:
+                waited = time.perf_counter()
+                tables = results(spec.reads)
+                converting = time.perf_counter()
+                batch = assemble(spec, tables)
+                if stats is not None:
+                    stats.wait_s += converting - waited
+                    stats.convert_s += time.perf_counter() - converting
+            elif spec.rows:
+                assert convert is not None  # every stream without its own assemble converts Arrow rows
+                waited = time.perf_counter()
+                tables = results(spec.reads)
+                converting = time.perf_counter()
+                if gatherer is not None:
+                    batch = gatherer.build(spec, tables)
+                else:
+                    batch = _build_placed(spec, tables, convert, describe)
+                template = batch
+                if stats is not None:
+                    stats.wait_s += converting - waited
+                    stats.convert_s += time.perf_counter() - converting
+            else:
+                assert convert is not None
+                if template is None:
+                    template = _donor(schedule, read, convert, describe, gatherer)
+                batch = pad_batch(template, spec.padding, convert)
+            for key in spec.done:
+                pending.pop(key, None)
+                resolved.pop(key, None)
+            if stats is not None:
+                stats.rows += spec.rows
+                stats.batches += 1
+                stats.busy_s += time.perf_counter() - began
+            yield batch
+    finally:
+        for future in pending.values():
+            if isinstance(future, Future):
+                future.cancel()
+        pending.clear()
+        resolved.clear()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _donor(schedule: Schedule, read: Callable[[Read], Any], convert: BatchConverter,
+           describe: Callable[[Read], str] | None, gatherer: Gatherer | None) -> Batch:
+    spec = schedule.shape_donor()
+    if spec is None:  # an empty dataset: a 0-row batch keeps the keys
+        empty = pa.Table.from_batches([], schema=convert.schema)
+        return with_ids(convert(empty), np.zeros(0, dtype=np.int64))
+    reads = {k: read(r) for k, r in spec.reads.items()}
+    return gatherer.build(spec, reads) if gatherer is not None else _build_placed(spec, reads, convert, describe)
+
+
+def _converting(read: Callable[[Read], pa.Table], convert: BatchConverter, describe: Callable[[Read], str] | None,
+                stats: DeliveryStats | None) -> Callable[[Read], Any]:
+    """``read``, then the read's rows converted once (``gather.convert_read``), timed into
+    ``stats.prepare_s``; a conversion error names the file and row group they came from."""
+    lock = threading.Lock()  # several read-ahead threads add to one total
+
+    def read_converted(what: Read) -> Any:
+        table = read(what)
+        began = time.perf_counter()
+        try:
+            return convert_read(table, convert)
+        except ConversionError as exc:
+            if describe is None:
+                raise
+            raise ConversionError(f"{exc} (in the rows of {describe(what)})") from None
+        finally:
+            if stats is not None:
+                with lock:
+                    stats.prepare_s += time.perf_counter() - began
+    return read_converted
+
+
+def _build_placed(spec: BatchSpec, tables: dict[int, pa.Table], convert: BatchConverter,
+                  describe: Callable[[Read], str] | None) -> Batch:
+    """``build``; a ``ConversionError`` names the file and row group of the rows that failed (``describe``)."""
+    try:
+        return build(spec, tables, convert)
+    except ConversionError as exc:
+        if describe is None:
+            raise
+        keys = list(spec.reads)
+        culprits = [k for k in keys if _fails(spec, tables, convert, k)] if len(keys) > 1 else keys
+        places = ", ".join(describe(spec.reads[k]) for k in (culprits or keys))
+        raise ConversionError(f"{exc} (in the rows of {places})") from None
+
+
+def _fails(spec: BatchSpec, tables: dict[int, pa.Table], convert: BatchConverter, key: int) -> bool:
+    """Whether the spec's rows from read ``key`` alone fail to convert (only asked after a batch failed)."""
+    try:
+        convert(_take(tables[key], spec.reads[key].local_rows(spec.row[spec.read == key])))
+    except ConversionError:
+        return True
+    return False
+
+
+def spec_table(spec: BatchSpec, tables: dict[int, pa.Table]) -> pa.Table:
+    """The spec's real rows as one Arrow table, in delivered order."""
+    keys = list(spec.reads)
+    parts = []
+    for key in keys:
+        rows = spec.row if len(keys) == 1 else spec.row[spec.read == key]
+        parts.append(_take(tables[key], spec.reads[key].local_rows(rows)))
+    if len(parts) == 1:
+        return parts[0]
+    if len({p.schema for p in parts}) > 1:  # nullability flags may differ between files or corpora
+        parts = [p.cast(parts[0].schema) for p in parts]
+    table = pa.concat_tables(parts)
+    rank = np.empty(int(spec.read.max()) + 1, dtype=np.int64)
+    rank[np.asarray(keys)] = np.arange(len(keys))
+    grouped = rank[spec.read]
+    if np.all(grouped[1:] >= grouped[:-1]):
+        return table
+    order = np.argsort(grouped, kind="stable")  # table row m holds delivered row order[m]
+    where = np.empty_like(order)
+    where[order] = np.arange(len(order))
+    return table.take(pa.array(where))
+
+
+def _take(table: pa.Table, rows: np.ndarray) -> pa.Table:
+    if len(rows) and rows[-1] - rows[0] == len(rows) - 1 and np.all(np.diff(rows) == 1):
+        return table.slice(int(rows[0]), len(rows))  # contiguous: zero-copy
+    batches = table.to_batches()
+    if len(batches) <= 1:
+        return table.take(pa.array(rows))
+    # A streamed read is many record batches; pyarrow's take on chunked list columns concatenates
+    # every chunk first (a copy of the whole part per batch), so take from each batch on its own.
+    starts = np.cumsum([0] + [b.num_rows for b in batches[:-1]])
+    which = np.searchsorted(starts, rows, side="right") - 1
+    order = np.argsort(which, kind="stable")
+    picked, bounds = which[order], np.flatnonzero(np.diff(which[order])) + 1
+    parts = [batches[int(picked[a])].take(pa.array(rows[order[a:b]] - starts[picked[a]]))
+             for a, b in zip(np.r_[0, bounds], np.r_[bounds, len(rows)])]
+    grouped = pa.Table.from_batches(parts, schema=table.schema).combine_chunks()  # this batch's rows only
+    if np.all(order[1:] > order[:-1]):
+        return grouped
+    where = np.empty_like(order)
+    where[order] = np.arange(len(order))
+    return grouped.take(pa.array(where))
+
+
+def build(spec: BatchSpec, tables: dict[int, pa.Table], convert: BatchConverter) -> Batch:
+    """Convert a spec's rows to tensors, with ``sample_id`` (and ``corpus``), then its padding."""
+    batch = with_ids(convert(spec_table(spec, tables)), spec.sample_id)
+    if spec.corpus is not None:
+        batch[CORPUS] = torch.from_numpy(np.array(spec.corpus, dtype=np.int64, copy=True))
+    if spec.padding:
+        batch = concat(batch, padding_like(batch, spec.padding, convert.ragged_keys))
+    return batch
+
+
+def pad_batch(template: Batch, rows: int, convert: BatchConverter) -> Batch:
+    """A batch of ``rows`` padding rows shaped like ``template``."""
+    return padding_like(template, rows, convert.ragged_keys)

@@ -1,0 +1,550 @@
+"""``PackedStream``: documents of a tokenized corpus laid end to end into fixed ``[batch, seq_len]`` batches.
+
+The plan is the stream plan with tokens as rows (``packing_plan.py``): blocks balanced by tokens, so
+padding is only each worker's last batch; every token exactly once per epoch; the checkpoint contract
+of every stream (``stream_base.py``), so ``StreamLoader`` resumes it on any topology. A blend is
+packed corpus by corpus and blends sequences, planned like a blend's positions (``PackedBlendBatches``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from ..plan.batch_plan import BatchSpec, Read, Schedule, StreamSchedule
+from .blend import BlendedStream
+from ..plan.blend_plan import BlendMap, CorpusOrder, blend_length, position_config, position_layout
+from ..plan.blend_schedule import blend_counts
+from .dataset import ParquetStream
+from .delivery import deliver
+from ..io.fetch import ReadStats
+from ..loader.loader_stats import sum_reads
+from ..errors import ConversionError, ReadError
+from ..plan.elastic import Segment
+from ..plan.packing_plan import PackedBlendBatches, TokenGroup, pack, segment_bounds, token_counts, token_group
+from ..plan.packing_stages import StageCounts, StagedPlanner, Stages
+from ..plan.epoch_plan import EpochPlan, Layout, PlanConfig, stream_order
+from ..io.reader import RowGroupReader
+from ..plan.resume import Planner, Position, Start
+from ..plan.steering import SteerSpec, WeightSteering
+from .stream_base import PlannedStream
+from ..convert.tensors import Batch
+from ..io.text_counts import count_text_tokens, row_group_texts
+from ..convert.text_tokenizer import TextTokenizer
+from ..io.token_count_cache import TokenCountCache
+from ..plan.topology import current_worker
+from ..plan.validate import check_int
+
+TOKENS = "input_ids"  # the batch key of the ids of a tokenized text column
+FIRST_STAGE_BYTES = 8 << 20  # compressed text in a cold text epoch's first counting stage: a few seconds to count
+
+log = logging.getLogger("streamshard")
+
+
+
+class PackedStream(WeightSteering, PlannedStream):
+    """Pack the documents of ``source`` (a tokenized ``ParquetStream`` or ``BlendedStream``) into
+    fixed-length sequences.
+
+    Each batch holds ``batch_size`` sequences of ``seq_len`` tokens::
+
+        batch["input_ids"]     # [B, L], the column's dtype: documents laid end to end
+        batch["position_ids"]  # int64 [B, L]: position inside the document's fragment in this sequence
+        batch["sample_id"]     # int64 [B, L]: the source row of each token; -1 = padding token
+        batch["corpus"]        # int64 [B, L], blends only: the corpus of each token; -1 = padding
+
+    A document longer than what is left of a sequence continues in the next sequence (the next
+    batch, or another worker's first one); its positions restart at 0 there, and ``sample_id``
+    says it is the same document. ``cu_seqlens(batch["position_ids"])`` gives the segment offsets
+    for varlen attention. Every token of every document is delivered exactly once per epoch over
+    all ranks and workers; work is balanced by tokens, so only each worker's last batch pads.
+
+    From a ``ParquetStream`` the pack uses its catalog (paths, storage options), ``unit``,
+    ``shuffle``, ``seed`` (documents are shuffled within each row group and row groups or files in
+    the stream, as for the source), ``read_ahead`` and its rank/world size; its ``batch_size``,
+    ``shuffle_window``, ``uneven`` and ``transform`` do not apply, and columns other than the packed
+    ones are not read.
+
+    From a ``BlendedStream`` it uses the weights, ``stop``, ``order``, ``seed`` and topology, and
+    blends *sequences*: each corpus's epoch is packed on its own (its documents as above) into
+    ``ceil(tokens / seq_len)`` sequences, the last one padded in place, and the blend's weights and
+    exact per-corpus counts (:meth:`counts`) apply to those sequences, i.e. to tokens. Every
+    sequence holds one corpus's tokens. An explicit ``num_samples`` of the blend counts sequences;
+    the blend's ``batch_size`` and ``transform`` do not apply.
+    (Documents cannot be the blended unit here: equal steps need each worker's token count before
+    reading, and the footers give tokens per row group, not per document.)
+
+    Raw text (``tokenizer=``): ``column`` is a string column, tokenized inside the pipeline and
+    packed as above under the key ``"input_ids"`` (int64). The plan needs token counts before
+    reading, and only a tokenizer knows them, so a text epoch is planned in *stages*
+    (``packing_stages.py``): its row groups, in the epoch's order, are cut into stages of growing
+    size (the first holds ``first_stage_bytes`` of compressed text, each next one twice the last),
+    and each stage is planned on its own once counted (equal full batches per global worker, the
+    leftover tokens carried into the next stage; only the epoch's last batches pad). ``set_epoch``
+    counts the first stage (split over the ranks of an initialised process group, with a progress
+    bar on a terminal) and a background thread counts the others while training runs; a stage not
+    counted when training reaches it is counted then. ``len()`` needs every stage counted and waits
+    for it. Counts are kept in the source's ``catalog_cache`` directory, keyed by file version and
+    tokenizer identity, so a warm start reads one JSON file (``token_count_cache.py``) and plans the
+    same stages, hence the same batches. A single-corpus pack only: a blend of text corpora needs
+    every corpus's total to blend, so it counts everything first. Reading tokenizes again on the
+    read-ahead threads, beside training, and checks each row group gives the counted tokens.
+    No special token is added silently: a ``tokenizers.Tokenizer`` is called with
+    ``add_special_tokens=False``; ``bos_id``/``eos_id`` put one token before/after every document.
+
+    Args:
+        source: the ``ParquetStream`` or ``BlendedStream`` to pack.
+        column: the list-of-integers column holding the tokens; with ``tokenizer``, the text column.
+        seq_len, batch_size: the shape of a batch.
+        columns: more list columns to pack alongside, row by row of the same length as ``column``
+            (labels, loss masks); a row whose lengths differ is an error naming file and row group.
+            Not with ``tokenizer``.
+        transform: called on each batch inside the worker.
+        tokenizer: a ``tokenizers.Tokenizer``, a transformers fast tokenizer (its
+            ``backend_tokenizer`` is used) or a callable ``list[str] -> list[list[int]]``.
+        bos_id, eos_id: a token put before / after every (non-null) document; None: none.
+        tokenizer_name: a callable tokenizer's identity for the count cache (a version string you
+            change whenever its output can change); without it a callable's counts are not cached.
+            A ``tokenizers.Tokenizer`` is identified by the hash of its JSON and takes no name.
+        first_stage_bytes: with ``tokenizer``, the compressed bytes of text (from the footers) in an
+            epoch's first counting stage, which ``set_epoch`` counts before the first step. Part of
+            the order (states record it).
+    """
+
+    def __init__(self, source: ParquetStream | BlendedStream, column: str = "input_ids", seq_len: int = 2048,
+                 batch_size: int = 8, columns: Sequence[str] = (),
+                 transform: Callable[[Batch], Any] | None = None, tokenizer: Any = None,
+                 bos_id: int | None = None, eos_id: int | None = None, tokenizer_name: str | None = None,
+                 first_stage_bytes: int = FIRST_STAGE_BYTES) -> None:
+        super().__init__()
+        if not isinstance(source, (ParquetStream, BlendedStream)):
+            raise ValueError(f"PackedStream packs a ParquetStream or a BlendedStream; got {type(source).__name__}")
+        if not isinstance(column, str) or isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
+            raise ValueError(f"column must be a column name and columns a list of names, got {column!r}, {columns!r}")
+        if column in columns or len(set(columns)) != len(columns):
+            raise ValueError(f"columns {list(columns)} repeat a column or the token column {column!r}")
+        if transform is not None and not callable(transform):
+            raise ValueError(f"transform must be callable, got {transform!r}")
+        self.text: TextTokenizer | None = None
+        if tokenizer is not None:
+            if columns:
+                raise ValueError(f"columns={list(columns)} packs token columns alongside; a tokenized text column "
+                                 "packs alone (tokenizer= given)")
+            self.text = TextTokenizer(tokenizer, bos_id, eos_id, tokenizer_name)
+        elif bos_id is not None or eos_id is not None or tokenizer_name is not None:
+            raise ValueError("bos_id, eos_id and tokenizer_name are for a text column with tokenizer=; a token "
+                             "column is packed as it is")
+        self.source, self.column, self.columns = source, column, [column, *columns]
+        self.blend = source if isinstance(source, BlendedStream) else None
+        self.corpora: list[ParquetStream] = list(source.datasets) if self.blend is not None else [source]
+        self.seq_len = check_int(seq_len, "seq_len", 1)
+        self.batch_size = check_int(batch_size, "batch_size", 1)
+        self.transform = transform
+        self._tokens: list[np.ndarray] | None = None  # per corpus, per row group of its catalog, from the footers
+        self._dtypes: dict[str, np.dtype] | None = None
+        self._sequences: int | None = None
+        self.first_stage_bytes = check_int(first_stage_bytes, "first_stage_bytes", 1)
+        self._staged = self.text is not None and self.blend is None  # a text epoch planned in stages
+        self._counts: StageCounts | None = None  # staged: tokens per row group, filled a stage at a time
+        self._stages: tuple[int, Stages] | None = None  # staged: the last epoch's stages
+        self._counter: threading.Thread | None = None  # staged: the thread counting the later stages
+        self._init_steering()
+
+    @property
+    def holds_gil(self) -> bool:
+        """Whether reading runs Python that holds the GIL (a callable tokenizer): ``StreamLoader`` then
+        runs its workers as processes, so tokenizing does not compete with the training loop."""
+        return self.text is not None and not self.text.releases_gil
+
+    @property
+    def topology(self) -> tuple[int, int]:
+        """The source's rank and world size."""
+        return self.source.topology
+
+    # -- what decides the order ----------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch; also reads the footers once here, so DataLoader workers inherit the counts
+        (a text epoch: counts its first stage and starts counting the others in the background)."""
+        super().set_epoch(epoch)
+        if self._staged:
+            self._count_first_stage(epoch)
+        else:
+            self._token_counts()
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """Tokens of each row group of the source's catalog (int64, from the footers); for a blend, of
+        each corpus's catalog one after the other, in the blend's ``names`` order."""
+        return np.concatenate(self._token_counts())
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens in one epoch of the source (for a blend: one epoch of each corpus)."""
+        return int(self.tokens.sum())
+
+    def counts(self) -> dict[str, int]:
+        """A blend's sequences per corpus in one blend epoch (exact, by weight)."""
+        if self.blend is None:
+            raise TypeError("counts() is for a packed BlendedStream; a packed ParquetStream has one corpus")
+        return dict(zip(self.blend.names, blend_counts(self.blend.weights, self.num_sequences).tolist()))
+
+    @property
+    def num_sequences(self) -> int:
+        """Sequences per epoch: for a blend, the blend's length in sequences (``stop`` applied to each
+        corpus's sequences, or its explicit ``num_samples``); otherwise ``ceil(num_tokens / seq_len)``."""
+        if self._sequences is None:
+            per_corpus = [-(-int(t.sum()) // self.seq_len) for t in self._token_counts()]
+            if self.blend is None:
+                self._sequences = per_corpus[0]
+            else:
+                explicit = self.blend._num_samples
+                n = explicit if explicit is not None else blend_length(self.blend.weights, per_corpus, self.blend.stop)
+                counts = blend_counts(self.blend.weights, n)
+                for name, count, size in zip(self.blend.names, counts.tolist(), per_corpus):
+                    if count and not size:
+                        raise ValueError(f"corpus {name!r} has no tokens in column {self.column!r} but its weight "
+                                         f"gives it {count} of {n} sequences")
+                self._sequences = n
+        return self._sequences
+
+    @property
+    def shuffled(self) -> bool:
+        return self.source.shuffled
+
+    @property
+    def planner(self) -> Planner | StagedPlanner:  # type: ignore[override]
+        if self._staged:
+            return StagedPlanner(self._epoch_stages, self._stage_counts(), self._token_config(0))
+        if self.blend is not None:
+            return Planner(position_layout(self.num_sequences), position_config(self.batch_size), None)
+        return Planner(self._token_layout(0), self._token_config(0), None)
+
+    def fingerprint(self) -> dict[str, Any]:
+        def corpus(ds: ParquetStream) -> dict[str, Any]:
+            return {k: v for k, v in ds.fingerprint().items() if k not in ("batch_size", "shuffle_window", "uneven", "columns")}
+
+        packing = {"packed_columns": self.columns, "seq_len": self.seq_len, "batch_size": self.batch_size}
+        if self.text is not None:
+            packing["tokenizer"] = self.text.identity or "an unnamed callable"
+        if self._staged:  # no total: a state saved during a cold start does not wait for the whole count
+            return {**corpus(self.source), **packing, "first_stage_bytes": self.first_stage_bytes}
+        if self.blend is None:
+            return {**corpus(self.source), **packing, "tokens": self.num_tokens}
+        blend = self.blend
+        return {"corpora": [{"name": n, **corpus(ds)} for n, ds in zip(blend.names, blend.datasets)],
+                "weights": blend.weights.tolist(), "seed": blend.seed, "stop": blend.stop, "order": blend.order,
+                "num_sequences": self.num_sequences, **packing,
+                "tokens": [int(t.sum()) for t in self._token_counts()]}
+
+    def schedule(self, worker_id: int = 0, num_workers: int = 0) -> Schedule:
+        """The exact batches DataLoader worker ``worker_id`` of this rank delivers in this pass, without reading."""
+        return self._schedule(self._start(self.origin(), worker_id, num_workers))
+
+    def _schedule(self, start: Start) -> Schedule:
+        if self.blend is None:
+            return start.schedule
+        if self.blend.weight_changes:
+            raise ValueError("the BlendedStream inside this PackedStream had its weights changed; a pack blends sequences, "
+                             "so call set_weights on the PackedStream")
+        assert isinstance(start.schedule, StreamSchedule)
+        epoch = start.schedule.plan.epoch
+        blend: Any = BlendMap(self.blend.weights, self.num_sequences, self.blend.order, self.blend.seed, epoch)
+        if self._changes:
+            blend = self._steered().epoch_map(epoch)
+        corpora = [CorpusOrder(self._token_layout(k), self._token_config(k)) for k in range(len(self.corpora))]
+        return PackedBlendBatches(start.schedule, blend, corpora, self.seq_len)
+
+    # -- steering a packed blend: its weights apply to sequences ----------------------------------
+    @property
+    def _steerable(self) -> bool:
+        return self.blend is not None
+
+    def _steer_spec(self) -> SteerSpec:
+        assert self.blend is not None
+        sequences = np.array([-(-int(t.sum()) // self.seq_len) for t in self._token_counts()], dtype=np.int64)
+        return SteerSpec(self.blend.names, self.blend.weights, self.num_sequences, self.blend.order, self.blend.seed,
+                         sequences)
+
+    def step_sample_ids(self, step: int, num_workers: int = 0, epoch: int | None = None) -> list[dict[str, Any]]:
+        """Not available for a pack: which document a token belongs to depends on the documents'
+        lengths, which only the data holds (the plan knows token positions, not documents)."""
+        raise NotImplementedError(
+            "PackedStream.step_sample_ids: a token's document id needs the documents' lengths, which are in the data, "
+            "not the footers; ask the source stream for the rows of its batches, or record batch['sample_id']")
+
+    def _token_layout(self, k: int) -> Layout:
+        return Layout(self._token_counts()[k], self.corpora[k].catalog.rg_file)
+
+    def _token_config(self, k: int) -> PlanConfig:
+        """A corpus's stream order with tokens as rows (documents are ordered inside each token group)."""
+        config = self.corpora[k].config
+        return PlanConfig(unit=config.unit, shuffle=config.shuffle, seed=config.seed,
+                          batch_size=self.batch_size * self.seq_len, uneven="pad", shuffle_rows=False)
+
+    # -- iteration ----------------------------------------------------------------------------
+    def position_after(self, origin: Position, consumed: int, num_workers: int) -> Position:
+        """``PlannedStream.position_after``; for a text epoch, without counting the stages past it."""
+        planner = self.planner
+        # Unknown (the next stage is still counting): the position inside the epoch, which a load turns
+        # into the next epoch's start if it was the end (``_parse_state``).
+        if isinstance(planner, StagedPlanner) and planner.has_batch(origin.epoch, origin, self.world_size, num_workers,
+                                                                    consumed) is not False:
+            history, before = planner.split(origin, self.world_size, num_workers)
+            return Position(origin.epoch, history + [Segment(self.world_size, num_workers, before + consumed)])
+        return super().position_after(origin, consumed, num_workers)
+
+    def _ended(self, position: Position) -> bool:
+        """``PlannedStream._ended``; for a text epoch, counting only the stages up to ``position`` unless it
+        sits where the next stage decides it (a plan's end)."""
+        planner = self.planner
+        if isinstance(planner, StagedPlanner):
+            last = position.history[-1]
+            more = planner.has_batch(position.epoch, position, last.world_size, last.num_workers, 0)
+            if more is not None:
+                return not more
+        return super()._ended(position)
+
+    def _deliver(self, start: Start) -> Iterator[Any]:
+        if not self._staged:
+            self._token_counts()  # counted in the main process when set_epoch was called there
+        self._column_dtypes()
+        assert self._dtypes is not None
+        dtypes = self._dtypes
+        readers: dict[int, RowGroupReader] = {}
+        documents: dict[tuple[int, int], EpochPlan] = {}
+        first_ids = [ds.catalog.layout.rg_first_id for ds in self.corpora]
+
+        def read(what: Read) -> TokenGroup:
+            k, epoch = what.source, (what.epoch if self.blend is not None else self.epoch)
+            ds = self.corpora[k]
+            if k not in readers:
+                readers[k] = RowGroupReader.from_catalog(ds.catalog, ds.storage_options, columns=self.columns)
+            if (k, epoch) not in documents:  # the source's row order of that (corpus) epoch
+                documents[(k, epoch)] = EpochPlan(ds.catalog.layout, ds.config, epoch, 1)
+            if self.text is not None:
+                return self._text_group(readers[k], k, what.rg, documents[(k, epoch)])
+            return self._token_group(readers[k], k, what.rg, documents[(k, epoch)])
+
+        def assemble(spec: BatchSpec, groups: dict[int, TokenGroup]) -> Batch:
+            arrays = pack(spec, groups, first_ids, self.seq_len, self.batch_size, dtypes)
+            return {name: torch.from_numpy(array) for name, array in arrays.items()}
+
+        read_ahead = max(ds.read_ahead for ds in self.corpora)
+        stats = self._delivery_stats(ReadStats(), start.worker_id)
+        try:
+            for batch in deliver(self._schedule(start), start.start, read, None, read_ahead, stats, assemble):
+                if stats is not None:
+                    sum_reads(readers.values(), into=stats.reads)
+                    self._report_stats(stats)
+                yield batch if self.transform is None else self.transform(batch)
+        finally:
+            for reader in readers.values():
+                reader.close()
+
+    def _token_group(self, reader: RowGroupReader, k: int, rg: int, documents: EpochPlan) -> TokenGroup:
+        catalog, tokens = self.corpora[k].catalog, self._token_counts()[k]
+        file_index, index = int(catalog.rg_file[rg]), int(catalog.rg_index[rg])
+        where = f"{catalog.urls[file_index]}: row group {index}"
+        table = reader.read(file_index, index)
+        lists = {name: table.column(name).combine_chunks() for name in self.columns}
+        lengths = pc.fill_null(pc.list_value_length(lists[self.column]), 0).to_numpy().astype(np.int64)
+        values = {}
+        for name, array in lists.items():
+            mine = pc.fill_null(pc.list_value_length(array), 0).to_numpy().astype(np.int64)
+            if not np.array_equal(mine, lengths):
+                row = int(np.flatnonzero(mine != lengths)[0])
+                raise ConversionError(f"{where}: column {name!r} has {mine[row]} values in row {row} but "
+                                      f"{self.column!r} has {lengths[row]}; packed columns must match row by row")
+            flat = array.flatten()
+            if flat.null_count:
+                raise ConversionError(f"{where}: column {name!r} has null values inside its lists; packing needs numbers")
+            values[name] = flat.to_numpy(zero_copy_only=False)
+        if len(lengths) != catalog.rg_rows[rg] or int(lengths.sum()) != int(tokens[rg]):
+            raise ReadError(f"{where}: {len(lengths)} rows and {int(lengths.sum())} tokens, but the footer said "
+                            f"{int(catalog.rg_rows[rg])} rows and {int(tokens[rg])} tokens; did the file change?")
+        return _in_document_order(lengths, values, rg, documents)
+
+    def _text_group(self, reader: RowGroupReader, k: int, rg: int, documents: EpochPlan) -> TokenGroup:
+        """A text row group tokenized (on the read-ahead thread that read it), checked against its count."""
+        assert self.text is not None
+        catalog = self.corpora[k].catalog
+        tokens = self._stage_counts().tokens if self._staged else self._token_counts()[k]  # counted when planned
+        file_index, index = int(catalog.rg_file[rg]), int(catalog.rg_index[rg])
+        where = f"{catalog.urls[file_index]}: row group {index}"
+        texts = row_group_texts(reader.read(file_index, index), self.column)
+        lengths, ids = self.text.encode(texts, where)
+        if len(lengths) != catalog.rg_rows[rg] or int(lengths.sum()) != int(tokens[rg]):
+            raise ReadError(f"{where}: {len(lengths)} rows tokenized to {int(lengths.sum())} tokens, but "
+                            f"{int(catalog.rg_rows[rg])} rows and {int(tokens[rg])} tokens were counted before the "
+                            "epoch was planned: the file changed, the tokenizer is not deterministic, or a cached "
+                            "count belongs to another tokenizer under the same tokenizer_name (delete the "
+                            "tokens-*.json files of the catalog cache)")
+        return _in_document_order(lengths, {TOKENS: ids}, rg, documents)
+
+    def _token_counts(self) -> list[np.ndarray]:
+        """Tokens per row group of each corpus, from the catalogs' footer summaries (read once); checks
+        the packed columns on the way."""
+        if self._tokens is None:
+            self._column_dtypes()
+            if self.text is None:
+                self._tokens = [token_counts(ds.catalog, self.column) for ds in self.corpora]
+            elif self._staged:  # every stage (len(), num_tokens): waits for the count
+                counts = self._stage_counts()
+                self._tokens = [counts.of(np.arange(len(counts.tokens), dtype=np.int64))]
+            else:
+                self._tokens = [self._count_text(ds) for ds in self.corpora]
+        return self._tokens
+
+    def _column_dtypes(self) -> dict[str, np.dtype]:
+        """The packed columns' dtypes (checked once against every corpus's schema)."""
+        if self._dtypes is None:
+            names = self.blend.names if self.blend is not None else ("source",)
+            dtypes: dict[str, np.dtype] | None = None
+            for name, ds in zip(names, self.corpora):
+                mine = self._check_columns(ds.catalog.schema, "the source" if self.blend is None else f"corpus {name!r}")
+                if dtypes is not None and mine != dtypes:
+                    raise ValueError(f"corpora {names[0]!r} and {name!r} give the packed columns different dtypes: "
+                                     f"{ {k: str(v) for k, v in dtypes.items()} } vs { {k: str(v) for k, v in mine.items()} }")
+                dtypes = mine
+            assert dtypes is not None
+            self._dtypes = dtypes
+        return self._dtypes
+
+    # -- a text epoch in stages (packing_stages.py) ---------------------------------------------------
+    def _epoch_stages(self, epoch: int) -> Stages:
+        """An epoch's stages: its row groups in the epoch's order (from the documents: known before
+        counting), cut by compressed text bytes (rows where the catalog has no byte ranges)."""
+        if self._stages is None or self._stages[0] != epoch:
+            ds = self.source
+            catalog = ds.catalog
+            order = stream_order(catalog.layout, ds.config, epoch)
+            if catalog.rg_ranges is not None and self.column in catalog.file_columns:
+                span = catalog.rg_ranges[:, catalog.file_columns.index(self.column)]
+                weights = (span[:, 1] - span[:, 0]).astype(np.float64)
+            else:
+                weights = catalog.rg_rows.astype(np.float64) * 1024  # ~1 KiB of text a document
+            self._stages = (epoch, Stages.split(order, weights, self.first_stage_bytes))
+        return self._stages[1]
+
+    def _stage_counts(self) -> StageCounts:
+        """The token counts, as far as counted: the cache's at first (this process's view of it)."""
+        if self._counts is None:
+            assert self.text is not None
+            ds = self.source
+            self._column_dtypes()
+            known = None
+            if ds.catalog_cache and self.text.identity:
+                known = TokenCountCache(ds.catalog_cache, self.text.identity, self.column).load(ds.catalog)
+            self._counts = StageCounts(ds.catalog.rg_file, self._count_stage, known)
+        return self._counts
+
+    def _count_stage(self, rgs: np.ndarray) -> np.ndarray:
+        """Count row groups a plan needs (a later stage) in this process: the cache again first (another
+        process may have counted them), then tokenizing what it lacks; saved for the next run."""
+        assert self.text is not None
+        ds = self.source
+        counts = count_text_tokens(ds.catalog, ds.storage_options, self.column, self.text, ds.catalog_cache,
+                                   quiet=True, rgs=rgs, what="(a later stage of the epoch, beside training)")
+        return counts[rgs]
+
+    def _count_first_stage(self, epoch: int) -> None:
+        """Count the epoch's first stage now (split over the ranks: the same collective place as the
+        catalog), then the other stages on a background thread, in order."""
+        assert self.text is not None
+        counts, stages = self._stage_counts(), self._epoch_stages(epoch)
+        if not len(stages):
+            return
+        first, ds = stages.units(0), self.source
+        distributed = current_worker()[1] == 0 and ds._splits_catalog()
+        # Split over the ranks, every rank joins, whatever it holds (rank 0's view decides what is left to count).
+        if distributed or not counts.counted(first):
+            got = count_text_tokens(ds.catalog, ds.storage_options, self.column, self.text, ds.catalog_cache,
+                                    distributed=distributed, group=ds._catalog_group, rgs=first, known=counts.tokens,
+                                    what=f"(the first of {len(stages)} stages of epoch {epoch})")
+            counts.fill(first, got[first])
+        running = self._counter is not None and self._counter.is_alive()  # one at a time (an earlier epoch's goes on)
+        if current_worker()[1] == 0 and not running and not counts.counted(stages.order):
+            self._counter = threading.Thread(target=_count_stages, args=(counts, stages), daemon=True,
+                                             name="streamshard-count-stages")
+            self._counter.start()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_counter"] = None
+        if self._counts is not None:  # a lock and a bound method do not travel: the copy starts from these counts
+            state["_counts"] = None
+            state["_known"] = self._counts.tokens.copy()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        known = state.pop("_known", None)
+        self.__dict__.update(state)
+        if known is not None:
+            self._counts = StageCounts(self.source.catalog.rg_file, self._count_stage, known)
+
+    def _count_text(self, ds: ParquetStream) -> np.ndarray:
+        assert self.text is not None
+        return count_text_tokens(ds.catalog, ds.storage_options, self.column, self.text, ds.catalog_cache,
+                                 distributed=current_worker()[1] == 0 and ds._splits_catalog(),
+                                 group=ds._catalog_group)
+
+    def _check_columns(self, schema: pa.Schema, where: str) -> dict[str, np.dtype]:
+        """Every packed column must be a list of numbers (a text column: a string); their dtypes, for padding batches."""
+        if self.text is not None:
+            if self.column not in schema.names:
+                raise ValueError(f"column {self.column!r} is not in {where}'s columns {schema.names}")
+            t = schema.field(self.column).type
+            if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)):
+                raise ValueError(f"column {self.column!r} is {t}; with tokenizer= PackedStream tokenizes a string "
+                                 "column (a column of token lists is packed without tokenizer=)")
+            return {TOKENS: np.dtype(np.int64)}
+        dtypes = {}
+        for name in self.columns:
+            if name not in schema.names:
+                raise ValueError(f"column {name!r} is not in {where}'s columns {schema.names}")
+            t = schema.field(name).type
+            if not (pa.types.is_list(t) or pa.types.is_large_list(t)) or not (
+                    pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type) or pa.types.is_boolean(t.value_type)):
+                raise ValueError(f"column {name!r} is {t}; PackedStream packs lists of numbers (other columns are "
+                                 "not read: leave them out of columns=)")
+            dtype = np.dtype(t.value_type.to_pandas_dtype())
+            dtypes[name] = np.dtype(np.int64) if dtype.kind == "u" and dtype != np.uint8 else dtype  # torch lacks most uints
+        return dtypes
+
+
+def _count_stages(counts: StageCounts, stages: Stages) -> None:
+    """A background thread's work: count the stages after the first, in order. A failure is left to
+    whoever needs that stage (it counts it again and raises, naming the file and row group)."""
+    for k in range(1, len(stages)):
+        try:
+            counts.of(stages.units(k))
+        except Exception as exc:  # noqa: BLE001 - training counts the stage itself when it gets there
+            if not threading.main_thread().is_alive():
+                return  # the interpreter is exiting
+            log.warning("counting stage %d of %d in the background failed (%s: %s); it is counted when training "
+                        "reaches it", k, len(stages), type(exc).__name__, exc)
+            return
+
+
+def _in_document_order(lengths: np.ndarray, values: dict[str, np.ndarray], rg: int, documents: EpochPlan) -> TokenGroup:
+    """Row group ``rg``'s tokens (rows of ``lengths`` tokens end to end in ``values``, file order) laid out
+    in the epoch's document order."""
+    starts = np.zeros(len(lengths), dtype=np.int64)
+    if len(lengths) > 1:
+        np.cumsum(lengths[:-1], out=starts[1:])
+    order = documents.rows_at(np.full(len(lengths), rg, dtype=np.int64), np.arange(len(lengths), dtype=np.int64))
+    return token_group(lengths, starts, values, order)
+
+
+def cu_seqlens(position_ids: torch.Tensor) -> torch.Tensor:
+    """Segment start offsets of a packed batch, flattened, plus the total: ``cu_seqlens`` for varlen
+    attention kernels (int32). A segment starts wherever ``position_ids == 0`` (each document, each
+    continuation at a sequence start, each padding token)."""
+    bounds = segment_bounds(position_ids.detach().cpu().numpy())
+    return torch.from_numpy(bounds).to(position_ids.device)
