@@ -4,8 +4,10 @@
 
 Writes a small Parquet corpus of raw ``text`` (no token column), trains a BPE tokenizer on it with
 the ``tokenizers`` library, and streams it with ``ss.PackedStream(source, column="text",
-tokenizer=tok, eos_id=...)``: the first ``set_epoch`` counts each row group's tokens once (kept in
-the catalog cache directory, so the resumed run below starts warm), then the loader's thread
+tokenizer=tok, eos_id=...)``: the first ``set_epoch`` counts the tokens of the epoch's first stage
+of row groups and a background thread the rest (each row group once, kept in the catalog cache
+directory, so the resumed run below starts warm; ``len(loader)`` waits for the whole count), then the
+loader's thread
 workers tokenize beside training and pack into [4, 128] batches. A bigram model trains on
 next-token pairs inside one document (``sample_id`` equal). Halfway through the epoch the loader's
 state is saved as JSON and a fresh stream and loader resume from it. At the end the example checks
@@ -99,7 +101,7 @@ def main() -> None:
 
         start = time.perf_counter()
         ps = stream(directory, cache, tok)
-        ps.set_epoch(0)  # cold: counts every row group's tokens once (and caches the counts)
+        ps.set_epoch(0)  # cold: counts the first stage's row groups (the rest in the background; all cached)
         cold = time.perf_counter() - start
         loader = ss.StreamLoader(ps, num_workers=2)
         total = len(loader)

@@ -38,22 +38,29 @@ def row_group_texts(table: pa.Table, column: str) -> list[str | None]:
 
 def count_text_tokens(catalog: Any, storage_options: dict[str, Any], column: str, tokenizer: TextTokenizer,
                       cache_dir: str | None = None, *, distributed: bool = False, group: Any = None,
-                      threads: int | None = None, quiet: bool = False) -> np.ndarray:
+                      threads: int | None = None, quiet: bool = False, rgs: np.ndarray | None = None,
+                      what: str = "before the first epoch", known: np.ndarray | None = None) -> np.ndarray:
     """Tokens per row group of ``catalog`` (int64) as ``tokenizer`` lays them out, cached in ``cache_dir``
-    when the tokenizer has an identity. ``distributed``: split the counting over ``group``'s ranks."""
+    when the tokenizer has an identity. ``distributed``: split the counting over ``group``'s ranks.
+    ``rgs``: count only these row groups (a stage of the epoch); the others are as the cache has
+    them, ``UNKNOWN`` if it has none. ``what`` says in the log what the counting is for. ``known``:
+    counts this process already holds (``UNKNOWN`` elsewhere), used with the cache's."""
     cache = TokenCountCache(cache_dir, tokenizer.identity, column) if cache_dir and tokenizer.identity else None
     counts = cache.load(catalog) if cache is not None else np.full(catalog.num_row_groups, UNKNOWN, np.int64)
+    if known is not None:
+        counts = np.where(counts >= 0, counts, known)
     place = collective.process_group(group) if distributed else None
     if place is not None:  # everyone plans the split from rank 0's view of the cache
         counts = np.array(collective.broadcast([int(c) for c in counts], group), dtype=np.int64)
-    missing = np.flatnonzero(counts < 0)
+    wanted = np.arange(len(counts), dtype=np.int64) if rgs is None else np.asarray(rgs, dtype=np.int64)
+    missing = wanted[counts[wanted] < 0]
     if not missing.size:
         return counts
     rank, world = place if place is not None else (0, 1)
     mine = missing[rank::world]
     started = time.perf_counter()
-    log.info("counting the tokens of %d row groups of column %r (%d on this rank) before the first epoch",
-             len(missing), column, len(mine))
+    log.info("counting the tokens of %d row groups of column %r (%d on this rank) %s",
+             len(missing), column, len(mine), what)
     error: BaseException | None = None
     try:
         counts[mine] = _count(catalog, storage_options, column, tokenizer, mine, threads, quiet)

@@ -56,7 +56,7 @@ class TokenCountCache:
             first, end = int(catalog.file_first_rg[f]), _file_end(catalog, f)
             problem = _check(entry, int(catalog.file_sizes[f]), version, end - first)
             if problem is None:
-                counts[first:end] = entry["counts"]
+                counts[first:end] = entry["counts"]  # UNKNOWN where that row group was not counted yet
             elif problem:  # '' = the file changed since it was counted: expected, no warning
                 rejected.append(f"{url}: {problem}")
         if rejected:
@@ -65,15 +65,21 @@ class TokenCountCache:
         return counts
 
     def save(self, catalog: Any, counts: np.ndarray) -> None:
-        """Merge ``catalog``'s counts (files with a version only) into the file, atomically; a cache that
-        cannot be written is a warning, never a failure (training does not need it)."""
+        """Merge ``catalog``'s counts (files with a version only; ``UNKNOWN`` where a row group is not
+        counted yet: an epoch counted in stages saves a file's row groups as their stages are
+        counted) into the file, atomically; a cache that cannot be written is a warning, never a
+        failure (training does not need it)."""
         files = self._read_files()
         for f, url in enumerate(catalog.urls):
             version = catalog.versions[f] if catalog.versions else ""
             mine = counts[int(catalog.file_first_rg[f]):_file_end(catalog, f)]
-            if version and (mine >= 0).all():
-                files[redact_url(url)] = {"size": int(catalog.file_sizes[f]), "version": version,
-                                          "counts": [int(c) for c in mine]}
+            if not version or not (mine >= 0).any():
+                continue
+            size, key = int(catalog.file_sizes[f]), redact_url(url)
+            old = files.get(key)
+            if _check(old, size, version, len(mine)) is None:  # the same file's earlier counts: keep them
+                mine = np.where(mine >= 0, mine, np.asarray(old["counts"], dtype=np.int64))
+            files[key] = {"size": size, "version": version, "counts": [int(c) for c in mine]}
         payload = {"format": FORMAT, "key": self.key, "files": files, "digest": _digest(files)}
         try:
             write_json_atomically(self.path, payload, ".tokens-")
@@ -118,6 +124,6 @@ def _check(entry: Any, size: int, version: str, row_groups: int) -> str | None:
     counts = entry["counts"]
     if not isinstance(counts, list) or len(counts) != row_groups:
         return f"it does not hold one count for each of the file's {row_groups} row groups"
-    if not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c < 1 << 48 for c in counts):
-        return "its counts are not token counts (ints >= 0)"
+    if not all(isinstance(c, int) and not isinstance(c, bool) and UNKNOWN <= c < 1 << 48 for c in counts):
+        return "its counts are not token counts (ints >= 0, or -1: not counted yet)"
     return None

@@ -56,6 +56,18 @@ class Start:
     worker_id: int = 0  # the DataLoader (or thread) worker of this rank that runs it
 
 
+def check_pinned(pinned: WorkerPosition, rank: int, world_size: int, worker_id: int, num_workers: int) -> None:
+    """A per-worker state resumes only the worker that saved it, on its topology (``StateError`` otherwise)."""
+    if (pinned.world_size, pinned.num_workers, pinned.rank) != (world_size, num_workers, rank):
+        raise StateError(
+            "a per-worker state (torchdata's StatefulDataLoader) resumes only on the topology that saved it: "
+            f"saved on rank {pinned.rank} of {pinned.world_size} with num_workers={pinned.num_workers}, loaded on "
+            f"rank {rank} of {world_size} with num_workers={num_workers}; use ss.StreamLoader to resume elsewhere"
+        )
+    if pinned.worker_id != worker_id:
+        raise StateError(f"the state of worker {pinned.worker_id} was loaded into worker {worker_id}")
+
+
 @dataclass(frozen=True)
 class Planner:
     """Everything that decides an epoch's order, for one dataset."""
@@ -83,14 +95,7 @@ class Planner:
         n = max(num_workers, 1)
         pinned = position.worker if position is not None else None
         if pinned is not None:
-            if (pinned.world_size, pinned.num_workers, pinned.rank) != (world_size, num_workers, rank):
-                raise StateError(
-                    "a per-worker state (torchdata's StatefulDataLoader) resumes only on the topology that saved it: "
-                    f"saved on rank {pinned.rank} of {pinned.world_size} with num_workers={pinned.num_workers}, loaded on "
-                    f"rank {rank} of {world_size} with num_workers={num_workers}; use ss.StreamLoader to resume elsewhere"
-                )
-            if pinned.worker_id != worker_id:
-                raise StateError(f"the state of worker {pinned.worker_id} was loaded into worker {worker_id}")
+            check_pinned(pinned, rank, world_size, worker_id, num_workers)
             role, skip = pinned.role, pinned.batches
         if self.partitions is not None:
             plan = CanonicalPlan(self.layout, self.config, epoch, self.partitions, world_size, num_workers)

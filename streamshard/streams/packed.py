@@ -8,6 +8,8 @@ packed corpus by corpus and blends sequences, planned like a blend's positions (
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -24,19 +26,25 @@ from .delivery import deliver
 from ..io.fetch import ReadStats
 from ..loader.loader_stats import sum_reads
 from ..errors import ConversionError, ReadError
+from ..plan.elastic import Segment
 from ..plan.packing_plan import PackedBlendBatches, TokenGroup, pack, segment_bounds, token_counts, token_group
-from ..plan.epoch_plan import EpochPlan, Layout, PlanConfig
+from ..plan.packing_stages import StageCounts, StagedPlanner, Stages
+from ..plan.epoch_plan import EpochPlan, Layout, PlanConfig, stream_order
 from ..io.reader import RowGroupReader
-from ..plan.resume import Planner, Start
+from ..plan.resume import Planner, Position, Start
 from ..plan.steering import SteerSpec, WeightSteering
 from .stream_base import PlannedStream
 from ..convert.tensors import Batch
 from ..io.text_counts import count_text_tokens, row_group_texts
 from ..convert.text_tokenizer import TextTokenizer
+from ..io.token_count_cache import TokenCountCache
 from ..plan.topology import current_worker
 from ..plan.validate import check_int
 
 TOKENS = "input_ids"  # the batch key of the ids of a tokenized text column
+FIRST_STAGE_BYTES = 8 << 20  # compressed text in a cold text epoch's first counting stage: a few seconds to count
+
+log = logging.getLogger("streamshard")
 
 
 
@@ -73,12 +81,20 @@ class PackedStream(WeightSteering, PlannedStream):
     reading, and the footers give tokens per row group, not per document.)
 
     Raw text (``tokenizer=``): ``column`` is a string column, tokenized inside the pipeline and
-    packed as above under the key ``"input_ids"`` (int64). The plan needs each row group's token
-    count before reading: the first ``set_epoch`` (or iteration) tokenizes the corpus once to count
-    (split over the ranks of an initialised process group, with a progress bar on a terminal) and
-    keeps the counts in the source's ``catalog_cache`` directory, keyed by file version and tokenizer
-    identity, so a warm start reads one JSON file (``token_count_cache.py``). Reading tokenizes again
-    on the read-ahead threads, beside training, and checks each row group gives the counted tokens.
+    packed as above under the key ``"input_ids"`` (int64). The plan needs token counts before
+    reading, and only a tokenizer knows them, so a text epoch is planned in *stages*
+    (``packing_stages.py``): its row groups, in the epoch's order, are cut into stages of growing
+    size (the first holds ``first_stage_bytes`` of compressed text, each next one twice the last),
+    and each stage is planned on its own once counted (equal full batches per global worker, the
+    leftover tokens carried into the next stage; only the epoch's last batches pad). ``set_epoch``
+    counts the first stage (split over the ranks of an initialised process group, with a progress
+    bar on a terminal) and a background thread counts the others while training runs; a stage not
+    counted when training reaches it is counted then. ``len()`` needs every stage counted and waits
+    for it. Counts are kept in the source's ``catalog_cache`` directory, keyed by file version and
+    tokenizer identity, so a warm start reads one JSON file (``token_count_cache.py``) and plans the
+    same stages, hence the same batches. A single-corpus pack only: a blend of text corpora needs
+    every corpus's total to blend, so it counts everything first. Reading tokenizes again on the
+    read-ahead threads, beside training, and checks each row group gives the counted tokens.
     No special token is added silently: a ``tokenizers.Tokenizer`` is called with
     ``add_special_tokens=False``; ``bos_id``/``eos_id`` put one token before/after every document.
 
@@ -96,12 +112,16 @@ class PackedStream(WeightSteering, PlannedStream):
         tokenizer_name: a callable tokenizer's identity for the count cache (a version string you
             change whenever its output can change); without it a callable's counts are not cached.
             A ``tokenizers.Tokenizer`` is identified by the hash of its JSON and takes no name.
+        first_stage_bytes: with ``tokenizer``, the compressed bytes of text (from the footers) in an
+            epoch's first counting stage, which ``set_epoch`` counts before the first step. Part of
+            the order (states record it).
     """
 
     def __init__(self, source: ParquetStream | BlendedStream, column: str = "input_ids", seq_len: int = 2048,
                  batch_size: int = 8, columns: Sequence[str] = (),
                  transform: Callable[[Batch], Any] | None = None, tokenizer: Any = None,
-                 bos_id: int | None = None, eos_id: int | None = None, tokenizer_name: str | None = None) -> None:
+                 bos_id: int | None = None, eos_id: int | None = None, tokenizer_name: str | None = None,
+                 first_stage_bytes: int = FIRST_STAGE_BYTES) -> None:
         super().__init__()
         if not isinstance(source, (ParquetStream, BlendedStream)):
             raise ValueError(f"PackedStream packs a ParquetStream or a BlendedStream; got {type(source).__name__}")
@@ -129,6 +149,11 @@ class PackedStream(WeightSteering, PlannedStream):
         self._tokens: list[np.ndarray] | None = None  # per corpus, per row group of its catalog, from the footers
         self._dtypes: dict[str, np.dtype] | None = None
         self._sequences: int | None = None
+        self.first_stage_bytes = check_int(first_stage_bytes, "first_stage_bytes", 1)
+        self._staged = self.text is not None and self.blend is None  # a text epoch planned in stages
+        self._counts: StageCounts | None = None  # staged: tokens per row group, filled a stage at a time
+        self._stages: tuple[int, Stages] | None = None  # staged: the last epoch's stages
+        self._counter: threading.Thread | None = None  # staged: the thread counting the later stages
         self._init_steering()
 
     @property
@@ -144,9 +169,13 @@ class PackedStream(WeightSteering, PlannedStream):
 
     # -- what decides the order ----------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch; also reads the footers once here, so DataLoader workers inherit the counts."""
+        """Select the epoch; also reads the footers once here, so DataLoader workers inherit the counts
+        (a text epoch: counts its first stage and starts counting the others in the background)."""
         super().set_epoch(epoch)
-        self._token_counts()
+        if self._staged:
+            self._count_first_stage(epoch)
+        else:
+            self._token_counts()
 
     @property
     def tokens(self) -> np.ndarray:
@@ -189,7 +218,9 @@ class PackedStream(WeightSteering, PlannedStream):
         return self.source.shuffled
 
     @property
-    def planner(self) -> Planner:
+    def planner(self) -> Planner | StagedPlanner:  # type: ignore[override]
+        if self._staged:
+            return StagedPlanner(self._epoch_stages, self._stage_counts(), self._token_config(0))
         if self.blend is not None:
             return Planner(position_layout(self.num_sequences), position_config(self.batch_size), None)
         return Planner(self._token_layout(0), self._token_config(0), None)
@@ -201,6 +232,8 @@ class PackedStream(WeightSteering, PlannedStream):
         packing = {"packed_columns": self.columns, "seq_len": self.seq_len, "batch_size": self.batch_size}
         if self.text is not None:
             packing["tokenizer"] = self.text.identity or "an unnamed callable"
+        if self._staged:  # no total: a state saved during a cold start does not wait for the whole count
+            return {**corpus(self.source), **packing, "first_stage_bytes": self.first_stage_bytes}
         if self.blend is None:
             return {**corpus(self.source), **packing, "tokens": self.num_tokens}
         blend = self.blend
@@ -255,8 +288,32 @@ class PackedStream(WeightSteering, PlannedStream):
                           batch_size=self.batch_size * self.seq_len, uneven="pad", shuffle_rows=False)
 
     # -- iteration ----------------------------------------------------------------------------
+    def position_after(self, origin: Position, consumed: int, num_workers: int) -> Position:
+        """``PlannedStream.position_after``; for a text epoch, without counting the stages past it."""
+        planner = self.planner
+        # Unknown (the next stage is still counting): the position inside the epoch, which a load turns
+        # into the next epoch's start if it was the end (``_parse_state``).
+        if isinstance(planner, StagedPlanner) and planner.has_batch(origin.epoch, origin, self.world_size, num_workers,
+                                                                    consumed) is not False:
+            history, before = planner.split(origin, self.world_size, num_workers)
+            return Position(origin.epoch, history + [Segment(self.world_size, num_workers, before + consumed)])
+        return super().position_after(origin, consumed, num_workers)
+
+    def _ended(self, position: Position) -> bool:
+        """``PlannedStream._ended``; for a text epoch, counting only the stages up to ``position`` unless it
+        sits where the next stage decides it (a plan's end)."""
+        planner = self.planner
+        if isinstance(planner, StagedPlanner):
+            last = position.history[-1]
+            more = planner.has_batch(position.epoch, position, last.world_size, last.num_workers, 0)
+            if more is not None:
+                return not more
+        return super()._ended(position)
+
     def _deliver(self, start: Start) -> Iterator[Any]:
-        self._token_counts()  # counted in the main process when set_epoch was called there
+        if not self._staged:
+            self._token_counts()  # counted in the main process when set_epoch was called there
+        self._column_dtypes()
         assert self._dtypes is not None
         dtypes = self._dtypes
         readers: dict[int, RowGroupReader] = {}
@@ -316,7 +373,8 @@ class PackedStream(WeightSteering, PlannedStream):
     def _text_group(self, reader: RowGroupReader, k: int, rg: int, documents: EpochPlan) -> TokenGroup:
         """A text row group tokenized (on the read-ahead thread that read it), checked against its count."""
         assert self.text is not None
-        catalog, tokens = self.corpora[k].catalog, self._token_counts()[k]
+        catalog = self.corpora[k].catalog
+        tokens = self._stage_counts().tokens if self._staged else self._token_counts()[k]  # counted when planned
         file_index, index = int(catalog.rg_file[rg]), int(catalog.rg_index[rg])
         where = f"{catalog.urls[file_index]}: row group {index}"
         texts = row_group_texts(reader.read(file_index, index), self.column)
@@ -333,6 +391,19 @@ class PackedStream(WeightSteering, PlannedStream):
         """Tokens per row group of each corpus, from the catalogs' footer summaries (read once); checks
         the packed columns on the way."""
         if self._tokens is None:
+            self._column_dtypes()
+            if self.text is None:
+                self._tokens = [token_counts(ds.catalog, self.column) for ds in self.corpora]
+            elif self._staged:  # every stage (len(), num_tokens): waits for the count
+                counts = self._stage_counts()
+                self._tokens = [counts.of(np.arange(len(counts.tokens), dtype=np.int64))]
+            else:
+                self._tokens = [self._count_text(ds) for ds in self.corpora]
+        return self._tokens
+
+    def _column_dtypes(self) -> dict[str, np.dtype]:
+        """The packed columns' dtypes (checked once against every corpus's schema)."""
+        if self._dtypes is None:
             names = self.blend.names if self.blend is not None else ("source",)
             dtypes: dict[str, np.dtype] | None = None
             for name, ds in zip(names, self.corpora):
@@ -341,12 +412,81 @@ class PackedStream(WeightSteering, PlannedStream):
                     raise ValueError(f"corpora {names[0]!r} and {name!r} give the packed columns different dtypes: "
                                      f"{ {k: str(v) for k, v in dtypes.items()} } vs { {k: str(v) for k, v in mine.items()} }")
                 dtypes = mine
+            assert dtypes is not None
             self._dtypes = dtypes
-            if self.text is None:
-                self._tokens = [token_counts(ds.catalog, self.column) for ds in self.corpora]
+        return self._dtypes
+
+    # -- a text epoch in stages (packing_stages.py) ---------------------------------------------------
+    def _epoch_stages(self, epoch: int) -> Stages:
+        """An epoch's stages: its row groups in the epoch's order (from the documents: known before
+        counting), cut by compressed text bytes (rows where the catalog has no byte ranges)."""
+        if self._stages is None or self._stages[0] != epoch:
+            ds = self.source
+            catalog = ds.catalog
+            order = stream_order(catalog.layout, ds.config, epoch)
+            if catalog.rg_ranges is not None and self.column in catalog.file_columns:
+                span = catalog.rg_ranges[:, catalog.file_columns.index(self.column)]
+                weights = (span[:, 1] - span[:, 0]).astype(np.float64)
             else:
-                self._tokens = [self._count_text(ds) for ds in self.corpora]
-        return self._tokens
+                weights = catalog.rg_rows.astype(np.float64) * 1024  # ~1 KiB of text a document
+            self._stages = (epoch, Stages.split(order, weights, self.first_stage_bytes))
+        return self._stages[1]
+
+    def _stage_counts(self) -> StageCounts:
+        """The token counts, as far as counted: the cache's at first (this process's view of it)."""
+        if self._counts is None:
+            assert self.text is not None
+            ds = self.source
+            self._column_dtypes()
+            known = None
+            if ds.catalog_cache and self.text.identity:
+                known = TokenCountCache(ds.catalog_cache, self.text.identity, self.column).load(ds.catalog)
+            self._counts = StageCounts(ds.catalog.rg_file, self._count_stage, known)
+        return self._counts
+
+    def _count_stage(self, rgs: np.ndarray) -> np.ndarray:
+        """Count row groups a plan needs (a later stage) in this process: the cache again first (another
+        process may have counted them), then tokenizing what it lacks; saved for the next run."""
+        assert self.text is not None
+        ds = self.source
+        counts = count_text_tokens(ds.catalog, ds.storage_options, self.column, self.text, ds.catalog_cache,
+                                   quiet=True, rgs=rgs, what="(a later stage of the epoch, beside training)")
+        return counts[rgs]
+
+    def _count_first_stage(self, epoch: int) -> None:
+        """Count the epoch's first stage now (split over the ranks: the same collective place as the
+        catalog), then the other stages on a background thread, in order."""
+        assert self.text is not None
+        counts, stages = self._stage_counts(), self._epoch_stages(epoch)
+        if not len(stages):
+            return
+        first, ds = stages.units(0), self.source
+        distributed = current_worker()[1] == 0 and ds._splits_catalog()
+        # Split over the ranks, every rank joins, whatever it holds (rank 0's view decides what is left to count).
+        if distributed or not counts.counted(first):
+            got = count_text_tokens(ds.catalog, ds.storage_options, self.column, self.text, ds.catalog_cache,
+                                    distributed=distributed, group=ds._catalog_group, rgs=first, known=counts.tokens,
+                                    what=f"(the first of {len(stages)} stages of epoch {epoch})")
+            counts.fill(first, got[first])
+        running = self._counter is not None and self._counter.is_alive()  # one at a time (an earlier epoch's goes on)
+        if current_worker()[1] == 0 and not running and not counts.counted(stages.order):
+            self._counter = threading.Thread(target=_count_stages, args=(counts, stages), daemon=True,
+                                             name="streamshard-count-stages")
+            self._counter.start()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_counter"] = None
+        if self._counts is not None:  # a lock and a bound method do not travel: the copy starts from these counts
+            state["_counts"] = None
+            state["_known"] = self._counts.tokens.copy()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        known = state.pop("_known", None)
+        self.__dict__.update(state)
+        if known is not None:
+            self._counts = StageCounts(self.source.catalog.rg_file, self._count_stage, known)
 
     def _count_text(self, ds: ParquetStream) -> np.ndarray:
         assert self.text is not None
@@ -376,6 +516,20 @@ class PackedStream(WeightSteering, PlannedStream):
             dtype = np.dtype(t.value_type.to_pandas_dtype())
             dtypes[name] = np.dtype(np.int64) if dtype.kind == "u" and dtype != np.uint8 else dtype  # torch lacks most uints
         return dtypes
+
+
+def _count_stages(counts: StageCounts, stages: Stages) -> None:
+    """A background thread's work: count the stages after the first, in order. A failure is left to
+    whoever needs that stage (it counts it again and raises, naming the file and row group)."""
+    for k in range(1, len(stages)):
+        try:
+            counts.of(stages.units(k))
+        except Exception as exc:  # noqa: BLE001 - training counts the stage itself when it gets there
+            if not threading.main_thread().is_alive():
+                return  # the interpreter is exiting
+            log.warning("counting stage %d of %d in the background failed (%s: %s); it is counted when training "
+                        "reaches it", k, len(stages), type(exc).__name__, exc)
+            return
 
 
 def _in_document_order(lengths: np.ndarray, values: dict[str, np.ndarray], rg: int, documents: EpochPlan) -> TokenGroup:

@@ -328,11 +328,14 @@ class PlannedStream(IterableDataset):
         else:
             position = Position(epoch, parse_history(state["history"]))
         self.planner.check(position)
-        if position.worker is None and position.history:
-            last = position.history[-1]  # a state saved on an epoch's last batch by an older version
-            if self.planner.rank_batches(epoch, position, last.world_size, last.num_workers) == 0:
-                return Position(epoch + 1)
+        if position.worker is None and position.history and self._ended(position):
+            return Position(epoch + 1)  # a state saved on an epoch's last batch by an older version
         return position
+
+    def _ended(self, position: Position) -> bool:
+        """Whether a rank position is the end of its epoch."""
+        last = position.history[-1]
+        return self.planner.rank_batches(position.epoch, position, last.world_size, last.num_workers) == 0
 
     def _state_of(self, position: Position) -> dict[str, Any]:
         state: dict[str, Any] = {

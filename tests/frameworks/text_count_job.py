@@ -32,21 +32,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True)
     parser.add_argument("--report", required=True)
+    parser.add_argument("--first-stage-bytes", type=int, default=None, help="stage the epochs (else the default)")
+    parser.add_argument("--epochs", type=int, default=1)
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     tokenizer = Lengths()
+    staging = {} if args.first_stage_bytes is None else {"first_stage_bytes": args.first_stage_bytes}
     ps = ss.PackedStream(ss.ParquetStream(args.data, shuffle=True, seed=1), column="text", seq_len=16,
-                         batch_size=2, tokenizer=tokenizer, eos_id=0)
+                         batch_size=2, tokenizer=tokenizer, eos_id=0, **staging)
     ps.set_epoch(0)
     counted = tokenizer.texts
-    tokens = []
-    for batch in ss.StreamLoader(ps, num_workers=0):
-        sid, ids = batch["sample_id"].reshape(-1), batch["input_ids"].reshape(-1)
-        tokens.append([[s, t] for s, t in zip(sid.tolist(), ids.tolist()) if s >= 0])
+    loader = ss.StreamLoader(ps, num_workers=0)
+    epochs = []
+    for _ in range(args.epochs):  # each epoch's first stage is counted over both ranks (a collective)
+        tokens = []
+        for batch in loader:
+            sid, ids = batch["sample_id"].reshape(-1), batch["input_ids"].reshape(-1)
+            tokens.append([[s, t] for s, t in zip(sid.tolist(), ids.tolist()) if s >= 0])
+        epochs.append(tokens)
     os.makedirs(args.report, exist_ok=True)
     with open(os.path.join(args.report, f"rank{rank}.json"), "w") as f:
-        json.dump({"counted_texts": counted, "counts": ps.tokens.tolist(), "batches": tokens}, f)
+        json.dump({"counted_texts": counted, "counts": ps.tokens.tolist(), "batches": epochs[0], "epochs": epochs,
+                   "stages": len(ps.planner.stages(0)) if args.first_stage_bytes else 1}, f)
     dist.destroy_process_group()
 
 

@@ -1,0 +1,116 @@
+"""Time to the first batch of a raw-text ``PackedStream`` on a cold corpus (no token counts cached) and a warm one.
+
+Corpus and tokenizer as in ``tokenize_pack.py`` (pseudo-word documents in ``FILES`` Parquet files, a BPE
+trained in the run: no download), written once into ``--workdir`` so two package versions measure the same
+bytes. Rows, each on a fresh ``StreamLoader(num_workers=2)`` (thread workers):
+
+* ``cold: first batch``: seconds from making the loader to holding its first batch, the count cache empty;
+* ``cold: epoch``: that same epoch to its end with a simulated ``STEP_S`` training step per batch
+  (``time.sleep``, which releases the GIL as a GPU step's wait does), and the share of it the loop waited;
+* ``warm: first batch``: a new loader over the same corpus once the cache holds every count.
+
+Every token is delivered once (checked). Run it with any version of the package (``PYTHONPATH``): it
+passes ``first_stage_bytes`` only where ``PackedStream`` has it.
+
+    flock /tmp/bench.lock env PYTHONPATH=$PWD .venv/bin/python benchmarks/cold_start.py --docs 150000 --workdir /tmp/cold_corpus
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tokenize_pack import BATCH, EOS, SEQ, train_bpe, write_corpus  # noqa: E402
+
+import streamshard as ss  # noqa: E402
+
+STEP_S = 0.02
+
+
+def prepare(workdir: str, docs: int) -> tuple[str, str, int]:
+    """The corpus, its tokenizer's JSON and its token count (EOS included), made once per workdir."""
+    data, tok_path, meta = (os.path.join(workdir, p) for p in ("text", "tokenizer.json", "meta.json"))
+    if os.path.exists(meta):
+        with open(meta) as f:
+            info = json.load(f)
+        if info["docs"] == docs:
+            return data, tok_path, info["tokens"]
+    shutil.rmtree(workdir, ignore_errors=True)
+    texts = write_corpus(data, docs)
+    tok = train_bpe(texts)
+    tok.save(tok_path)
+    total = sum(len(e.ids) + 1 for e in tok.encode_batch(texts, add_special_tokens=False))
+    with open(meta, "w") as f:
+        json.dump({"docs": docs, "tokens": total}, f)
+    return data, tok_path, total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--docs", type=int, default=150_000)
+    parser.add_argument("--workdir", default="/tmp/streamshard_cold_corpus")
+    parser.add_argument("--json", default=os.path.join(os.path.dirname(__file__), "out", "cold_start.json"))
+    args = parser.parse_args()
+    from tokenizers import Tokenizer
+
+    data, tok_path, total = prepare(args.workdir, args.docs)
+    tok = Tokenizer.from_file(tok_path)
+    cache = os.path.join(args.workdir, "cache")
+    shutil.rmtree(cache, ignore_errors=True)
+    staged = "first_stage_bytes" in inspect.signature(ss.PackedStream).parameters
+    compressed = sum(os.path.getsize(os.path.join(data, f)) for f in os.listdir(data))
+
+    def loader() -> ss.StreamLoader:
+        ps = ss.PackedStream(ss.ParquetStream(data, catalog_cache=cache), column="text", seq_len=SEQ,
+                             batch_size=BATCH, tokenizer=tok, eos_id=EOS)
+        return ss.StreamLoader(ps, num_workers=2)
+
+    rows: dict[str, dict[str, float]] = {}
+    t0 = time.perf_counter()
+    it = iter(loader())
+    first = next(it)
+    rows["cold: first batch"] = {"seconds": time.perf_counter() - t0}
+    tokens, waited, steps = int((first["sample_id"] >= 0).sum()), 0.0, 1
+    while True:
+        time.sleep(STEP_S)
+        w0 = time.perf_counter()
+        batch = next(it, None)
+        waited += time.perf_counter() - w0
+        if batch is None:
+            break
+        tokens += int((batch["sample_id"] >= 0).sum())
+        steps += 1
+    seconds = time.perf_counter() - t0
+    assert tokens == total, (tokens, total)
+    rows["cold: epoch"] = {"seconds": seconds, "steps": steps, "stall": (waited + rows["cold: first batch"]["seconds"])
+                           / seconds}
+    t0 = time.perf_counter()
+    next(iter(loader()))
+    rows["warm: first batch"] = {"seconds": time.perf_counter() - t0}
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=os.path.dirname(ss.__file__)).stdout.strip()
+    print(f"streamshard {commit} ({'staged' if staged else 'whole-corpus'} count) from {os.path.dirname(ss.__file__)}")
+    print(f"corpus: {args.docs} documents, {total:,} tokens, {compressed / 2**20:.1f} MiB of Parquet; "
+          f"[{BATCH}, {SEQ}] batches; {STEP_S * 1000:.0f} ms step; {os.cpu_count()} cpus")
+    print(f"{'row':<22} {'seconds':>9} {'stall':>7}")
+    for label, row in rows.items():
+        stall = f"{row['stall']:.0%}" if "stall" in row else ""
+        print(f"{label:<22} {row['seconds']:>9.2f} {stall:>7}")
+    result = {"commit": commit, "staged": staged, "docs": args.docs, "tokens": total, "parquet_bytes": compressed,
+              "seq_len": SEQ, "batch_size": BATCH, "step_s": STEP_S, "cpus": os.cpu_count(), "rows": rows}
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,237 @@
+"""A cold text epoch starts after its first stage is counted (``packing_stages.py`` inside ``PackedStream``):
+the first batches and a checkpoint need no later stage, the rest is counted beside training, and still
+every token once in document order, equal steps, exact resume mid-stage and across a stage boundary,
+elastic resume 2x2 -> 3x1, and a warm start (counts cached) gives the very same batches."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+import streamshard as ss
+from resume_harness import check_elastic_resume, check_loader_resume, same_batches
+from streamshard.plan.packing_stages import StagePlans
+from test_packed_text import BATCH, BOS, EOS, SEQ, WORDS, expected, tokens_by_document, word_level, write_texts
+
+FIRST = 3000  # compressed bytes of text in the first stage: a few row groups of this corpus
+
+
+@pytest.fixture(scope="module")
+def staged_corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("staged")
+    texts = write_texts(root / "c", [[40, 35, 50, 45], [60, 30], [45, 55, 40], [50, 50, 35, 40], [45]], seed=11)
+    return str(root / "c"), texts
+
+
+def staged_pack(path, rank=0, world=1, tokenizer=None, cache=None):
+    source = ss.ParquetStream(path, shuffle=True, seed=3, rank=rank, world_size=world, catalog_cache=cache)
+    return ss.PackedStream(source, column="text", seq_len=SEQ, batch_size=BATCH, bos_id=BOS, eos_id=EOS,
+                           tokenizer=tokenizer if tokenizer is not None else word_level(), first_stage_bytes=FIRST)
+
+
+def plan_bounds(ps, world, workers):
+    """Batches per rank at the end of each stage plan of epoch 0 (every stage counted)."""
+    planner = ps.planner
+    plans = StagePlans(planner.stages(0), planner.counts, planner.config, 0, world * max(workers, 1))
+    plans.steps
+    return [s * max(workers, 1) for s in plans.starts]
+
+
+def in_stream_order(per_rank, workers, starts):
+    """Batches of every rank (as delivered: round robin over its workers) in the epoch's stream order:
+    plan by plan, global worker by global worker (``starts``: batches per worker before each plan)."""
+    n = max(workers, 1)
+    ordered = []
+    for j in range(len(starts) - 1):
+        for batches in per_rank:
+            for w in range(n):
+                ordered += batches[w::n][starts[j]:starts[j + 1]]
+    return ordered
+
+
+def worker_starts(ps, world, workers):
+    return [b // max(workers, 1) for b in plan_bounds(ps, world, workers)]
+
+
+class GatedCounting:
+    """A callable tokenizer (word ids) whose counting calls (on the counting threads; reading is never
+    held) for row groups other than ``free`` (texts per row group) wait until ``opened`` is set: what a
+    slow count of the later stages looks like."""
+
+    def __init__(self, free=()):
+        self.vocab = {w: i + 3 for i, w in enumerate(WORDS)}
+        self.free = {tuple(t for t in texts if t is not None) for texts in free}
+        self.gated, self.opened, self.timed_out = bool(self.free), threading.Event(), False
+
+    def __call__(self, batch):
+        held = self.gated and tuple(batch) not in self.free
+        if held and threading.current_thread().name.startswith("streamshard-count"):
+            if not self.opened.wait(20):
+                self.timed_out = True
+        return [[self.vocab[w] for w in t.split()] for t in batch]
+
+
+def first_stage_texts(path):
+    """The texts of each row group of epoch 0's first stage."""
+    probe = staged_pack(path)
+    catalog = probe.source.catalog
+    out = []
+    for rg in probe.planner.stages(0).units(0).tolist():
+        url, index = catalog.urls[int(catalog.rg_file[rg])], int(catalog.rg_index[rg])
+        out.append(pq.ParquetFile(url.removeprefix("file://")).read_row_group(index, columns=["text"])
+                   .column("text").to_pylist())
+    return out
+
+
+def test_a_cold_start_trains_on_the_first_stage_while_the_rest_is_counted(staged_corpus):
+    path, texts = staged_corpus
+    tok = GatedCounting(free=first_stage_texts(path))  # counting any later stage waits for the gate
+    ps = staged_pack(path, tokenizer=tok)
+    loader = ss.StreamLoader(ps, num_workers=2, workers="threads")  # one process: the gate holds every count
+    loader.set_epoch(0)  # counts the first stage, then the background thread goes on (and is held)
+    stages = ps.planner.stages(0)
+    assert len(stages) >= 3 and ps.planner.counts.counted(stages.units(0))
+    bounds = plan_bounds(staged_pack(path), 1, 2)  # (a separate stream: counting all of it)
+    assert bounds[1] >= 2, "the first stage must give batches"
+    it = iter(loader)
+    first = [next(it) for _ in range(bounds[1] - 2)]
+    state = loader.state_dict()  # a checkpoint during the cold start does not wait for the count
+    first += [next(it) for _ in range(2)]  # all of the first plan, without the later stages counted
+    end_state = loader.state_dict()  # nor at the first plan's end
+    assert not tok.timed_out, "the first stage's batches (or a checkpoint) waited for a later stage's count"
+    assert not ps.planner.counts.counted(stages.order)
+    again = GatedCounting(free=first_stage_texts(path))  # a cold resume: loading counts only what it needs
+    resumed = ss.StreamLoader(staged_pack(path, tokenizer=again), num_workers=2, workers="threads")
+    resumed.load_state_dict(state)
+    resumed_it = iter(resumed)
+    resumed_head = [next(resumed_it) for _ in range(2)]
+    assert not again.timed_out and not tok.timed_out, "a cold resume inside the first stage waited for later counts"
+    assert same_batches(resumed_head, first[-2:])
+    tok.opened.set()
+    again.opened.set()
+    rest = list(it)
+    assert same_batches(list(resumed_it), rest)
+    assert not tok.timed_out
+    tokens_of = tokens_by_document([in_stream_order([first + rest], 2, worker_starts(staged_pack(path), 1, 2))], 0)
+    vocab = tok.vocab
+    for s, t in enumerate(texts):
+        want = [] if t is None else [BOS] + [vocab[w] for w in t.split()] + [EOS]
+        assert tokens_of.get(s, []) == want, f"document {s}"
+    from_end = ss.StreamLoader(staged_pack(path, tokenizer=GatedCounting()), num_workers=2, workers="threads")
+    from_end.load_state_dict(end_state)
+    assert same_batches(list(from_end), rest)
+
+
+def test_worker_processes_count_the_stages_they_reach_themselves(staged_corpus):
+    path, _ = staged_corpus
+    vocab = {w: i + 3 for i, w in enumerate(WORDS)}
+
+    def words(batch):
+        return [[vocab[w] for w in t.split()] for t in batch]
+
+    in_processes = ss.StreamLoader(staged_pack(path, tokenizer=words), num_workers=2)
+    assert in_processes.workers == "processes"
+    in_threads = ss.StreamLoader(staged_pack(path, tokenizer=words), num_workers=2, workers="threads")
+    assert same_batches(list(in_processes), list(in_threads))
+
+
+@pytest.mark.parametrize("world, workers", [(2, 2), (3, 1)])
+def test_every_token_once_and_equal_steps_over_stages(staged_corpus, world, workers):
+    path, texts = staged_corpus
+    per_rank = [list(ss.StreamLoader(staged_pack(path, r, world), num_workers=workers)) for r in range(world)]
+    assert len({len(b) for b in per_rank}) == 1, "equal steps on every rank"
+    assert len(plan_bounds(staged_pack(path, 0, world), world, workers)) >= 4, "several stage plans"
+    tokens_of = tokens_by_document([in_stream_order(per_rank, workers, worker_starts(staged_pack(path, 0, world),
+                                                                                      world, workers))], 0)
+    for s, doc in enumerate(expected(word_level(), texts)):
+        assert tokens_of.get(s, []) == doc, f"document {s}: tokens lost, repeated or out of order"
+    slots = sum(b["sample_id"].numel() for batches in per_rank for b in batches)
+    real = sum(len(d) for d in expected(word_level(), texts))
+    assert slots - real < world * max(workers, 1) * SEQ * BATCH, "padding of one plan: under a batch per worker"
+
+
+def test_resume_mid_stage_and_across_a_stage_boundary(staged_corpus):
+    path, _ = staged_corpus
+    bounds = plan_bounds(staged_pack(path, 1, 2), 2, 2)
+    stops = [bounds[1] - 1, bounds[1], bounds[1] + 1, (bounds[1] + bounds[2]) // 2]
+    check_loader_resume(lambda: staged_pack(path, 1, 2), 2, stops=stops, random_stops=1)
+
+
+def test_elastic_resume_2x2_to_3x1_at_and_inside_a_stage(staged_corpus):
+    path, _ = staged_corpus
+    bounds = plan_bounds(staged_pack(path, 0, 2), 2, 2)
+    for k in (bounds[1], bounds[1] + 1):
+        check_elastic_resume(lambda rank, world: staged_pack(path, rank, world), [(2, 2, k), (3, 1, None)])
+
+
+def test_a_warm_start_gives_the_cold_batches_and_takes_the_cold_state(staged_corpus, tmp_path, caplog):
+    path, _ = staged_corpus
+    cache = str(tmp_path / "cache")
+    cold = ss.StreamLoader(staged_pack(path, cache=cache), num_workers=2)
+    it = iter(cold)
+    head = [next(it) for _ in range(3)]
+    state = cold.state_dict()
+    cold_batches = head + list(it)
+    warm = staged_pack(path, cache=cache)
+    assert warm.planner.counts.counted(np.arange(warm.source.catalog.num_row_groups)), "warm: all from the cache"
+    with caplog.at_level("INFO", logger="streamshard"):
+        warm_batches = list(ss.StreamLoader(warm, num_workers=2))
+    assert "counting the tokens" not in caplog.text
+    assert same_batches(warm_batches, cold_batches), "a warm start plans the same stages: the same batches"
+    resumed = ss.StreamLoader(staged_pack(path, cache=cache), num_workers=2)
+    resumed.load_state_dict(state)
+    assert same_batches(list(resumed), cold_batches[3:])
+    other = ss.StreamLoader(ss.PackedStream(warm.source, column="text", seq_len=SEQ, batch_size=BATCH, bos_id=BOS,
+                                            eos_id=EOS, tokenizer=word_level(), first_stage_bytes=FIRST * 2))
+    with pytest.raises(ss.StateError, match="first_stage_bytes"):
+        other.load_state_dict(state)
+
+
+def test_the_count_cache_keeps_a_files_row_groups_as_their_stages_are_counted(staged_corpus, tmp_path):
+    from streamshard.io.token_count_cache import UNKNOWN, TokenCountCache
+
+    path, _ = staged_corpus
+    catalog = staged_pack(path).source.catalog
+    cache = TokenCountCache(str(tmp_path), "some-tokenizer", "text")
+    n = catalog.num_row_groups
+    truth = np.arange(n, dtype=np.int64) * 7 + 1
+    first = np.full(n, UNKNOWN, dtype=np.int64)
+    first[::3] = truth[::3]  # one stage: every third row group, cutting across the files
+    cache.save(catalog, first)
+    assert np.array_equal(cache.load(catalog), first), "a file's counted row groups are kept, the others unknown"
+    second = np.full(n, UNKNOWN, dtype=np.int64)
+    second[1::3] = truth[1::3]
+    cache.save(catalog, second)  # the next stage: merged with the first
+    merged = cache.load(catalog)
+    assert np.array_equal(merged[::3], truth[::3]) and np.array_equal(merged[1::3], truth[1::3])
+    assert (merged[2::3] == UNKNOWN).all()
+
+
+@pytest.mark.slow
+def test_two_ranks_over_stages_and_epochs(tmp_path):
+    """torchrun, 2 ranks, gloo, several stages: each epoch's first stage is counted over the ranks (both
+    join, whatever their background threads counted), the rest beside training; every token once."""
+    from collections import Counter
+    from pathlib import Path
+
+    from launch import check, launch
+
+    texts = write_texts(tmp_path / "data", [[20, 7, 25], [11, 30], [30, 3, 9], [18, 22]], seed=4)
+    check(launch(2, Path(__file__).parent / "frameworks" / "text_count_job.py", "--data", str(tmp_path / "data"),
+                 "--report", str(tmp_path / "report"), "--first-stage-bytes", "200", "--epochs", "2"))
+    reports = [json.loads((tmp_path / "report" / f"rank{r}.json").read_text()) for r in range(2)]
+    assert reports[0]["counts"] == reports[1]["counts"] and reports[0]["stages"] >= 3
+    for epoch in range(2):
+        assert len(reports[0]["epochs"][epoch]) == len(reports[1]["epochs"][epoch]), "equal steps"
+        tokens_of: dict[int, Counter] = {}
+        for r in reports:
+            for batch in r["epochs"][epoch]:
+                for s, t in batch:
+                    tokens_of.setdefault(s, Counter())[t] += 1
+        for s, t in enumerate(texts):
+            want = Counter([] if t is None else [len(w) for w in t.split()] + [0])
+            assert tokens_of.get(s, Counter()) == want, f"epoch {epoch}, document {s}"
