@@ -142,7 +142,7 @@ class BatchConverter:
 
     def flat_twin(self) -> BatchConverter:
         """This converter with ``lists="flat"``: the form whole row groups are converted to once,
-        before batches gather their rows (``gather.py``)."""
+        before batches gather their rows (``convert/gather.py``)."""
         if self._flat_twin is None:
             self._flat_twin = BatchConverter(self.schema, self._args[0], "flat", *self._args[1:])
         return self._flat_twin

@@ -16,7 +16,7 @@ BOS/EOS (``TemplateProcessing``, BERT's ``[CLS]``/``[SEP]``) is called with ``ad
 exactly as it returns it (plus ``bos_id``/``eos_id``). A null text is no document (zero tokens, no
 BOS/EOS); an empty string is a document of just its BOS/EOS, if any.
 
-``identity`` names the tokenizer for the token count cache (``token_count_cache.py``): the SHA-256
+``identity`` names the tokenizer for the token count cache (``io/token_count_cache.py``): the SHA-256
 of a ``tokenizers.Tokenizer``'s serialized JSON (vocabulary, merges, normalizer, pre-tokenizer: what
 decides the ids), with ``bos_id``/``eos_id``; a callable has one only when the user names it
 (``tokenizer_name=``), since its code cannot be hashed honestly.

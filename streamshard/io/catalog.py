@@ -94,7 +94,7 @@ class Catalog:
     rg_values: np.ndarray | None = None  # int64 (row groups, columns): non-null leaf values, -1 unknown
     partition_values: pa.Table | None = None  # one row per file: its partition keys (the schema's last columns)
     tables: tuple[str, ...] = ()  # "delta:<url>@<version>" of every table version read
-    # Deletion vectors (deletions.py): file index -> sorted deleted row numbers; rg_rows then counts the kept
+    # Deletion vectors (format/deletions.py): file index -> sorted deleted row numbers; rg_rows then counts the kept
     # rows and rg_stored_rows (int64 per row group) what the files store. None when nothing is deleted.
     deleted_rows: Mapping[int, np.ndarray] | None = None
     rg_stored_rows: np.ndarray | None = None
@@ -194,8 +194,8 @@ class Catalog:
         """List the files ``paths`` names and read every footer.
 
         ``paths``: files, directories, globs (any fsspec URL) and Delta tables (``ss.DeltaTable``, or a
-        directory holding ``_delta_log/``: ``sources.py``). ``partitioning``: "hive" reads ``k=v``
-        directory names below each directory or glob as columns (``partitions.py``); None reads none.
+        directory holding ``_delta_log/``: ``io/sources.py``). ``partitioning``: "hive" reads ``k=v``
+        directory names below each directory or glob as columns (``io/partitions.py``); None reads none.
         ``max_concurrency``: footer requests in flight (at 20 ms per request, 64 builds a cold catalog
         of 2,000 files about 1.3x faster than 32: under 5 s with s3fs, ~2.5 s with the obstore backend).
         ``cache_dir``: keep footer summaries there and reuse those of unchanged files.
@@ -207,7 +207,7 @@ class Catalog:
         ``cast``: ``{column: Arrow type or name}`` read as that type whatever each file says.
         ``progress``: called with 1 after each footer read here (a progress bar's ``update``).
         Physical differences between writers (``large_list`` vs ``list``, dictionary-encoded vs
-        plain, list item names, nullability) never need a cast (``schema.py``).
+        plain, list item names, nullability) never need a cast (``format/schema.py``).
 
         Raises ``CatalogError`` when a path matches nothing, a file is not Parquet, a projected
         column is missing, or two files disagree on a column's logical type (naming both files).
@@ -405,7 +405,7 @@ def list_entries(
 
     An existing file or directory is taken literally, even with glob characters in its name
     (``brack[1].parquet``); anything else is a glob. Directories are searched recursively; what is
-    never data is skipped there and in what a glob's wildcards matched (``listing_rules.py``: names
+    never data is skipped there and in what a glob's wildcards matched (``format/listing_rules.py``: names
     starting with ``.`` or ``_`` such as ``_SUCCESS``, ``.crc`` files and ``_metadata``, as Spark and Hive
     writers expect; zero-byte ``prefix/`` folder objects; ``<dir>_$folder$``). A file named explicitly is
     read. A directory holding a Delta table's ``_delta_log/``, or a glob below a table's root, is a

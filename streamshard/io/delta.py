@@ -12,7 +12,7 @@ immutable, so the size is their version check), its partition values (typed as t
 says) and the tag ``delta:<table URL>@<version>``, which the catalog digest and a checkpoint's
 fingerprint carry (a checkpoint of version 3 does not load against version 4). Deletion vectors
 are honoured: the rows they delete are left out of the catalog (``deleted``: each file's deleted
-row numbers, which ``Catalog.from_footers`` turns into row counts and ``deletions.py`` into the rows a
+row numbers, which ``Catalog.from_footers`` turns into row counts and ``format/deletions.py`` into the rows a
 reader keeps). Column mapping and reader features this module does not know are refused by name.
 """
 

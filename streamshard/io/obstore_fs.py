@@ -11,7 +11,7 @@ files and a worker's read-ahead spend their time on.
 use s3fs: ``info`` (size and ``ETag``, in s3fs's format, so versions, catalog caches and checkpoint
 digests agree across backends), listings (one paginated flat listing per ``find``), ``cat_file``
 and ``cat_ranges`` (each range exactly, never coalesced). obstore's own retries are off: ours apply
-(``retry.py``). Errors become what ``retry.is_transient`` and our messages expect:
+(``io/retry.py``). Errors become what ``retry.is_transient`` and our messages expect:
 ``FileNotFoundError`` (missing key or bucket), ``PermissionError`` (401/403), ``TransientError``
 (5xx, throttling, connection resets, timeouts, cut bodies), ``OSError`` otherwise; each names the
 URL and the store's error code and message.

@@ -3,15 +3,15 @@
 For one row group the reader asks ``fetch.FileFetcher`` for only the column chunks of the projected
 columns, as byte ranges (adjacent ones coalesced when the gap is small), plus the file's footer the
 first time this process meets the file; the fetcher reads each file at its cataloged version, shares
-footers across the readers of the process and retries transient faults (see ``fetch.py``). pyarrow
+footers across the readers of the process and retries transient faults (see ``io/fetch.py``). pyarrow
 then decodes from those bytes alone (the footer is passed as ``metadata``, so nothing else is read).
 
-A row group estimated to decode to more than ``STREAM_ABOVE_BYTES`` (``decoded_size.py``) is
+A row group estimated to decode to more than ``STREAM_ABOVE_BYTES`` (``format/decoded_size.py``) is
 *streamed* instead: pyarrow decodes it in record batches of about ``STREAM_BATCH_BYTES`` from a
 file view that fetches byte ranges as the decoder asks (about ``STREAM_BUFFER_BYTES`` of compressed
 bytes buffered over all columns), and only the rows asked for (``rows=``) are kept. ``read_part``
 returns such a group as a ``StreamedPart`` whose record batches are decoded as it is iterated:
-delivery converts each one as it comes and lets it go (``part_convert.py``), so a worker that owns
+delivery converts each one as it comes and lets it go (``convert/part_convert.py``), so a worker that owns
 part of a huge row group holds its part once plus one record batch, not the whole group, its
 compressed bytes, or its part in Arrow as well. ``read`` joins the same pieces into a table. Small
 groups (the common case) keep the one-round whole-group read.
@@ -116,7 +116,7 @@ class RowGroupReader:
         versions: each file's version as cataloged (``Catalog.versions``); given, a file whose
             size or version differs now is refused (``ReadError``). None: not checked.
         schema: the catalog's Arrow schema; its timestamp unit of an INT96 column is the unit the column is
-            decoded at (``int96.py``; None: microseconds).
+            decoded at (``format/int96.py``; None: microseconds).
         verify_checksums: check the CRC of every page that has one (writers add them on request: pyarrow's
             ``write_page_checksum``, Spark's ``parquet.page.write-checksum.enabled``); a mismatch is a
             ``ReadError`` naming the file and row group. Pages without one are read as they are.

@@ -3,7 +3,7 @@
 ``paths`` holds files, directories and globs (listed by ``catalog.list_entries``) and Delta Lake
 tables (``delta.DeltaTable``, or a directory holding ``_delta_log/``, read as its latest version when
 ``deltalake`` is installed). Every file gets the partition key values of its source: Hive-style
-``k=v`` directories under a directory or glob (``partitions.py``), a Delta table's values from its
+``k=v`` directories under a directory or glob (``io/partitions.py``), a Delta table's values from its
 log. The result is JSON-safe through ``listing_to_json`` so rank 0 can list for every rank.
 """
 

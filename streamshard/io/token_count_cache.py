@@ -1,7 +1,7 @@
 """Token counts per row group of a text column, cached on disk per file version and tokenizer.
 
-Packing raw text plans by tokens (``packing_plan.py``), and a footer does not say how many tokens a
-text column holds: they are counted by tokenizing once (``text_counts.py``). This file keeps those
+Packing raw text plans by tokens (``plan/packing_plan.py``), and a footer does not say how many tokens a
+text column holds: they are counted by tokenizing once (``io/text_counts.py``). This file keeps those
 counts so the next run starts at once. One JSON file per (tokenizer identity, column) inside the
 catalog cache directory (``ParquetStream(catalog_cache=...)``), holding per file URL its size,
 version and one count per row group; any dataset reading those files with that tokenizer reuses it.

@@ -276,11 +276,11 @@ class StreamLoader:
             (and for map-style datasets). Thread workers run every worker's pass in turn in one
             background thread of this process, each with its own read-ahead threads (pyarrow
             decodes without the GIL), and hand batches over without a copy as soon as each is
-            ready (``thread_workers.py``); choose processes for Python-heavy transforms, or where many
+            ready (``loader/thread_workers.py``); choose processes for Python-heavy transforms, or where many
             workers' Python bookkeeping would contend for the GIL. Both deliver the same batches in
             the same order, so a checkpoint resumes under either.
 
-    Worker processes hand batches over through recycled shared-memory slots (``handoff.py``, the
+    Worker processes hand batches over through recycled shared-memory slots (``loader/handoff.py``, the
     same in a plain ``DataLoader``): no fresh shared-memory segment per batch, and a batch the
     training loop still holds is never overwritten. Thread workers hand them over as they are.
     """

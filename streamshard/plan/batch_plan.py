@@ -406,7 +406,7 @@ def first_rows_spec(plan: EpochPlan, rows: int) -> BatchSpec | None:
 
 class PieceBatches(Schedule):
     """Batches whose rows are given as stream ranges: batch ``i`` holds, for each owned range, the
-    rows ``[i * micro, (i + 1) * micro)`` of it (the ``partitions=`` order of ``canonical.py``).
+    rows ``[i * micro, (i + 1) * micro)`` of it (the ``partitions=`` order of ``plan/canonical.py``).
 
     ``ranges`` are ``(begin, rows)`` of contiguous stream ranges of ``plan``; every batch is
     topped up to ``batch_size`` rows with padding.

@@ -8,7 +8,7 @@
   are permuted by a (seed, epoch, chunk) key. In both orders each corpus's indices rise along the
   positions, so any contiguous range of positions reads each corpus sequentially, and the map does
   not depend on the topology.
-* Positions are planned exactly like rows of a dataset (``plan.py``): laid end to end in chunks,
+* Positions are planned exactly like rows of a dataset (``plan/epoch_plan.py``): laid end to end in chunks,
   cut into one contiguous block per global worker, batched, padded to equal steps; so resuming
   and elastic resizing are the same arithmetic as for a ``ParquetStream``.
 * Each corpus is an endless sequence of its own epochs (its stream order for ``(its seed, E)``
@@ -84,7 +84,7 @@ def chunk_size(num_samples: int) -> int:
 
 
 def position_layout(num_samples: int) -> Layout:
-    """The positions of a blend epoch as a layout of chunks (one "file"), for ``plan.py``."""
+    """The positions of a blend epoch as a layout of chunks (one "file"), for ``plan/epoch_plan.py``."""
     size = chunk_size(num_samples)
     full, rest = divmod(num_samples, size)
     rows = np.full(full + (rest > 0), size, dtype=np.int64)
@@ -110,7 +110,7 @@ class BlendMap:
 
     def samples(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(corpus, corpus sample)`` of each position: index ``j`` of this epoch is sample
-        ``epoch * c_k + j`` of the corpus's endless sequence (``blend_steer.py`` when weights changed)."""
+        ``epoch * c_k + j`` of the corpus's endless sequence (``plan/blend_steer.py`` when weights changed)."""
         corpus, index = self.locate(positions)
         return corpus, self.epoch * self.counts[corpus] + index
 

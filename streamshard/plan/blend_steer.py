@@ -2,7 +2,7 @@
 
 ``BlendedStream.set_weights`` records a ``WeightChange``: the weights, and the rank position they
 apply from (an epoch and the topology history of what was consumed of it; an empty history is the
-epoch's start). Positions are planned as always (``blend_plan.py``: each global worker a contiguous
+epoch's start). Positions are planned as always (``plan/blend_plan.py``: each global worker a contiguous
 block), so what a position had consumed at a change is not a prefix of the epoch: it is the set the
 elastic fold leaves out (``elastic.remaining_stream``). The arithmetic:
 

@@ -1,6 +1,6 @@
 """Topology-independent order: which rows make up each global step, whatever the world size.
 
-The epoch's stream (``plan.py``) is cut into ``C`` canonical partitions, contiguous and balanced
+The epoch's stream (``plan/epoch_plan.py``) is cut into ``C`` canonical partitions, contiguous and balanced
 by rows, and each partition is consumed in micro-batches of ``micro`` rows, in order. A rank's
 DataLoader hands out batch ``j`` from worker ``j % N``, so worker ``w`` of every rank owns the
 partitions of phase ``w`` (``p % N == w``), split contiguously among the ranks, and its batch

@@ -13,7 +13,7 @@ and global worker ``g`` delivers block ``g`` in stream order. A row group on a b
 split between two workers. Everything a worker needs is a cumulative sum and two binary
 searches: O(stream length) memory, never O(row groups x workers).
 
-Because the rest of an interrupted epoch is again a stream (``elastic.py``), resuming on a
+Because the rest of an interrupted epoch is again a stream (``plan/elastic.py``), resuming on a
 different topology is the same planning problem.
 """
 
@@ -355,7 +355,7 @@ def stream_order(layout: Layout, config: PlanConfig, epoch: int) -> np.ndarray:
     n = len(rows)
     if not config.shuffle:
         order = np.arange(n, dtype=np.int64)
-    elif config.unit == "row_group":  # each file's row groups spread over the epoch (unit_order.py)
+    elif config.unit == "row_group":  # each file's row groups spread over the epoch (plan/unit_order.py)
         order = spread_order(rows, layout.rg_file, layout.num_files, mix_seed(config.seed, epoch, _IN_FILE_ORDER),
                              mix_seed(config.seed, epoch, _UNIT_ORDER))
     else:

@@ -1,6 +1,6 @@
 """Token packing, the pure part (numpy and Parquet metadata only; no I/O, no torch).
 
-A packed epoch is planned like any stream (``plan.py``), with *tokens* as its rows: a row group's
+A packed epoch is planned like any stream (``plan/epoch_plan.py``), with *tokens* as its rows: a row group's
 "rows" are its tokens (from the footer: the list column's leaf values minus its nulls), laid out
 document after document in the row group's document order (the source's row permutation when
 shuffling), each document's tokens in order. Blocks are balanced by tokens, so every global worker

@@ -1,7 +1,7 @@
 """A packed text epoch planned in stages, so a plan never needs the token counts of stages it has not reached.
 
 Pure (numpy only; counting is a callable handed in). Packing raw text plans by tokens, and a text's
-tokens are only known by tokenizing it (``text_counts.py``). Planning the whole epoch at once needs
+tokens are only known by tokenizing it (``io/text_counts.py``). Planning the whole epoch at once needs
 the whole corpus counted before the first step. Here the epoch's unit order (fixed by seed and epoch,
 from the catalog alone: ``plan.stream_order`` over the documents) is cut into *stages* of growing
 size (``Stages.split``: the first small enough to count in seconds, each next one ``growth`` times
@@ -21,7 +21,7 @@ plan first needs them. A warm start (all counts known) builds the very same plan
 same batches as a cold one.
 
 Resume: the rank-level history of an epoch (``elastic.Segment``: batches per rank under each
-topology) is folded as in ``elastic.py``: batches of a topology walk its plans; the tokens not yet
+topology) is folded as in ``plan/elastic.py``: batches of a topology walk its plans; the tokens not yet
 delivered of the plan it stopped in (in global-worker order) plus that plan's carry become the
 *head* of the rest (``Rest``), followed by the stages not yet planned, whole; another topology plans
 that rest the same way (head first, as a stage of its own). Resuming on the same topology continues

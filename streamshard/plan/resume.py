@@ -3,7 +3,7 @@
 Pure (no I/O, no torch). A position is what a state records: the batches per rank consumed this
 epoch under each topology (``history``), and, for a per-worker state (torchdata's
 ``StatefulDataLoader`` saves one per worker), that worker's own count. The stream mode folds
-every earlier topology into the remaining stream (``elastic.py``) and plans it for the current
+every earlier topology into the remaining stream (``plan/elastic.py``) and plans it for the current
 one; ``partitions=`` continues at the same global step on any compatible topology.
 """
 

@@ -71,7 +71,7 @@ class WeightSteering:
 
         The epoch keeps its length (``num_samples``); every corpus still delivers each of its rows
         once per corpus epoch (samples a lowered corpus no longer draws stay for later; see
-        ``blend_steer.py``). The change is recorded in the state, so a blend built with the original
+        ``plan/blend_steer.py``). The change is recorded in the state, so a blend built with the original
         weights resumes the steered run exactly, on any topology. Changing weights of positions
         already delivered is refused (``StateError``, field ``weights``).
         """

@@ -2,7 +2,7 @@
 
 The pure plan (epoch length, position -> (corpus, index), corpus epochs) is in
 :mod:`streamshard.plan.blend_plan`; positions are planned, resumed and resized like the rows of one
-dataset (``stream_base.py``), and each position is read from its corpus's files.
+dataset (``streams/stream_base.py``), and each position is read from its corpus's files.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``ParquetStream``: an ``IterableDataset`` that gives every row to exactly one global worker.
 
-A thin adapter: the pure planner (``plan.py``, ``batch_plan.py``, ``resume.py``) decides every
-batch; ``delivery.py`` reads and converts it. Each DataLoader worker computes its own schedule
+A thin adapter: the pure planner (``plan/epoch_plan.py``, ``plan/batch_plan.py``, ``plan/resume.py``) decides every
+batch; ``streams/delivery.py`` reads and converts it. Each DataLoader worker computes its own schedule
 from the same inputs (catalog, seed, epoch, topology), so workers and ranks agree without talking
 to each other. Nothing is opened in ``__init__``: the footers are read on first use of the
 catalog, the data files in ``__iter__``.
@@ -93,7 +93,7 @@ class ParquetStream(PlannedStream):
             its rows, up to 3x as many and 1.5x the rows of that many average row groups. Default:
             16 with ``shuffle=True`` (a batch then draws from ~16 files), 1 without; 1 keeps one row
             group at a time.
-        partitions: canonical partitions for a topology-independent order (see ``canonical.py``).
+        partitions: canonical partitions for a topology-independent order (see ``plan/canonical.py``).
         catalog_cache: a directory where the catalog is cached (JSON). None: no cache.
         lists: "padded" (list columns as 2-D tensors + lengths) or "flat" (1-D values + lengths).
         cast: ``{column: Arrow type or name}`` to read a column as one type when files really
@@ -198,7 +198,7 @@ class ParquetStream(PlannedStream):
 
         One snapshot per dataset, for its life. DataLoader workers use the one their parent took
         (inherited or pickled). Whose parent took none, the first to need it builds and publishes it,
-        and the other workers, later workers and this process load that one (``catalog_share.py``):
+        and the other workers, later workers and this process load that one (``io/catalog_share.py``):
         two workers listing while a file lands would deliver rows twice or never.
         """
         if self._catalog is None:

@@ -3,7 +3,7 @@
 The one delivery path of every stream. A :class:`~streamshard.plan.batch_plan.Schedule` decides each
 batch; this module fetches the row groups its specs name (``read_ahead`` reads in flight on
 background threads: pyarrow decodes without the GIL), converts each one once on the thread that
-read it (``gather.py``), holds it until the last batch that needs it, and gathers each batch's
+read it (``convert/gather.py``), holds it until the last batch that needs it, and gathers each batch's
 rows from the reads it names, padded, the batches of a block (``Schedule.blocks``: a shuffle
 window's, at most 65,536 rows) together (``Gatherer.build_block``). Schemas with inner list levels
 convert each batch's rows instead (``build``). Memory: the groups the current block still

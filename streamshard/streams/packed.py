@@ -1,8 +1,8 @@
 """``PackedStream``: documents of a tokenized corpus laid end to end into fixed ``[batch, seq_len]`` batches.
 
-The plan is the stream plan with tokens as rows (``packing_plan.py``): blocks balanced by tokens, so
+The plan is the stream plan with tokens as rows (``plan/packing_plan.py``): blocks balanced by tokens, so
 padding is only each worker's last batch; every token exactly once per epoch; the checkpoint contract
-of every stream (``stream_base.py``), so ``StreamLoader`` resumes it on any topology. A blend is
+of every stream (``streams/stream_base.py``), so ``StreamLoader`` resumes it on any topology. A blend is
 packed corpus by corpus and blends sequences, planned like a blend's positions (``PackedBlendBatches``).
 """
 
@@ -83,7 +83,7 @@ class PackedStream(WeightSteering, PlannedStream):
     Raw text (``tokenizer=``): ``column`` is a string column, tokenized inside the pipeline and
     packed as above under the key ``"input_ids"`` (int64). The plan needs token counts before
     reading, and only a tokenizer knows them, so a text epoch is planned in *stages*
-    (``packing_stages.py``): its row groups, in the epoch's order, are cut into stages of growing
+    (``plan/packing_stages.py``): its row groups, in the epoch's order, are cut into stages of growing
     size (the first holds ``first_stage_bytes`` of compressed text, each next one twice the last),
     and each stage is planned on its own once counted (equal full batches per global worker, the
     leftover tokens carried into the next stage; only the epoch's last batches pad). ``set_epoch``
@@ -91,7 +91,7 @@ class PackedStream(WeightSteering, PlannedStream):
     bar on a terminal) and a background thread counts the others while training runs; a stage not
     counted when training reaches it is counted then. ``len()`` needs every stage counted and waits
     for it. Counts are kept in the source's ``catalog_cache`` directory, keyed by file version and
-    tokenizer identity, so a warm start reads one JSON file (``token_count_cache.py``) and plans the
+    tokenizer identity, so a warm start reads one JSON file (``io/token_count_cache.py``) and plans the
     same stages, hence the same batches. A single-corpus pack only: a blend of text corpora needs
     every corpus's total to blend, so it counts everything first. Reading tokenizes again on the
     read-ahead threads, beside training, and checks each row group gives the counted tokens.
@@ -416,7 +416,7 @@ class PackedStream(WeightSteering, PlannedStream):
             self._dtypes = dtypes
         return self._dtypes
 
-    # -- a text epoch in stages (packing_stages.py) ---------------------------------------------------
+    # -- a text epoch in stages (plan/packing_stages.py) ---------------------------------------------------
     def _epoch_stages(self, epoch: int) -> Stages:
         """An epoch's stages: its row groups in the epoch's order (from the documents: known before
         counting), cut by compressed text bytes (rows where the catalog has no byte ranges)."""

@@ -14,7 +14,7 @@ order (``planner``, ``fingerprint``) and how to turn a worker's schedule into ba
   resume on any world size and worker count.
 * ``len()``: the rank's epoch as a framework counts it (batches before the pass + the pass's).
 
-The rank and world size are resolved when first needed (``topology.py``), so a stream built before
+The rank and world size are resolved when first needed (``plan/topology.py``), so a stream built before
 ``init_process_group`` takes the process group's rank, never a guess.
 """
 
@@ -55,9 +55,9 @@ class PlannedStream(IterableDataset):
         self._pending_here = False  # loaded inside this DataLoader worker (StatefulDataLoader): not shared
         self._loads = 0  # the cell's load count when this copy's state was loaded
         self._progress: dict[str, Any] | None = None  # what this process's current pass delivered
-        self._slots: WorkerSlots | None = None  # this worker process's hand-off slots (handoff.py)
+        self._slots: WorkerSlots | None = None  # this worker process's hand-off slots (loader/handoff.py)
         self._repeat_warned = False
-        self._worker_times: Callable[[DeliveryStats], None] | None = None  # StreamLoader.stats()'s table (loader_stats.py)
+        self._worker_times: Callable[[DeliveryStats], None] | None = None  # StreamLoader.stats()'s table (loader/loader_stats.py)
         self._stand: Callable[[], Any] | None = None  # weak: the StreamLoader iterating it says where it stands
         self._revision = 0  # bumped when the plan changes (BlendedStream.set_weights): persistent workers restart
 
@@ -438,7 +438,7 @@ class PlannedStream(IterableDataset):
 
     def _hand_off(self, num_workers: int) -> Callable[[Any], Any] | None:
         """How a DataLoader worker process passes its batches on: through this process's recycled
-        shared-memory slots (``handoff.py``; kept across passes of persistent workers), whether a
+        shared-memory slots (``loader/handoff.py``; kept across passes of persistent workers), whether a
         ``StreamLoader`` or a plain ``DataLoader`` runs it; in the main process, as they are."""
         if num_workers == 0:
             return None
