@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -294,6 +296,25 @@ class ThreadRecordingFileSystem(LocalFileSystem):
         if ThreadRecordingFileSystem.delay:
             time.sleep(ThreadRecordingFileSystem.delay)
         return super().cat_file(path, start=start, end=end, **kwargs)
+
+
+def test_a_cached_store_is_read_in_one_thread_on_a_loaded_machine_too(tmp_path):
+    """More runnable threads than cores stretch a computing thread's wall time by its wait for a CPU,
+    which is no wait on I/O. Before: 80 page-cached footers went to threads on a loaded machine (the
+    suite's flake, and the opposite of what the probe is for)."""
+    fsspec.register_implementation("fthreads", ThreadRecordingFileSystem, clobber=True)
+    write_corpus(str(tmp_path / "data"), [[3]] * 80)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3 * (os.cpu_count() or 1))]
+    ThreadRecordingFileSystem.delay, ThreadRecordingFileSystem.threads = 0.0, set()
+    try:
+        time.sleep(0.3)  # the busy processes running
+        catalog = Catalog.build(f"fthreads://{tmp_path / 'data'}", max_concurrency=8, distributed=False)
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+    assert catalog.num_rows == 3 * 80
+    assert ThreadRecordingFileSystem.threads == {threading.get_ident()}
 
 
 @pytest.mark.parametrize("delay, files, threaded", [(0.0, 80, False), (0.01, 80, True), (0.01, 20, False)])

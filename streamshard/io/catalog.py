@@ -649,15 +649,30 @@ def _read_footers(
     # Python: threads then only contend for the GIL (20,000 page-cached local footers: 4.1 s in one
     # thread, 8.2 s in 2, 10.8 s in 64). So the first few are read in this thread, timed, and the rest
     # go to threads only if those reads waited on I/O (a network mount, a cold disk) more than computed.
-    wall, cpu = time.perf_counter(), time.thread_time()
+    before = _thread_clock()
     head = [one(entry) for entry in files[:_PROBE_FILES]]
-    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    wall, cpu, queued = (end - start for end, start in zip(_thread_clock(), before))
     rest = files[len(head):]
     if not rest:
         return head
-    if wall < _WAITED * cpu:
+    # Waited on I/O: neither computing nor waiting for a CPU (a loaded machine is no network mount)
+    if wall - cpu - queued < (_WAITED - 1) * cpu:
         return head + [one(entry) for entry in rest]
     return head + _read_in_threads(rest, one, failed, max_concurrency)
+
+
+def _thread_clock() -> tuple[float, float, float]:
+    """This thread's clocks in seconds: wall, on a CPU, and waiting in the run queue for one (Linux's
+    ``/proc/thread-self/schedstat``; elsewhere the thread's CPU time and no queue). On a machine with
+    more runnable threads than cores a computing thread's wall time grows by its queue time, which is
+    not a wait on I/O: without it, a footer probe under load took page-cached files for a network mount."""
+    wall = time.perf_counter()
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as stat:
+            on_cpu, queued = stat.read().split()[:2]
+        return wall, int(on_cpu) / 1e9, int(queued) / 1e9
+    except (OSError, ValueError):
+        return wall, time.thread_time(), 0.0
 
 
 def _footers_read_here(files: Sequence[FileEntry], columns: list[str] | None,
@@ -682,7 +697,7 @@ def _footers_read_here(files: Sequence[FileEntry], columns: list[str] | None,
 
 
 _PROBE_FILES = 32  # footers read in the calling thread to tell a cached store from one that waits
-_WAITED = 2.0  # wall time over CPU time above which those reads waited on I/O: threads pay off
+_WAITED = 2.0  # wall over CPU time (queueing for a CPU aside) above which those reads waited on I/O: threads pay off
 
 
 def _read_in_threads(files: Sequence[FileEntry], one: Callable[[FileEntry], FileFooter], failed: threading.Event,
