@@ -235,3 +235,16 @@ def test_two_ranks_over_stages_and_epochs(tmp_path):
         for s, t in enumerate(texts):
             want = Counter([] if t is None else [len(w) for w in t.split()] + [0])
             assert tokens_of.get(s, Counter()) == want, f"epoch {epoch}, document {s}"
+
+
+def test_first_stage_bytes_where_nothing_is_counted_in_stages_is_an_error(staged_corpus, tmp_path):
+    """Before: ignored without a word for a token column or a blend (which counts everything first)."""
+    path, _ = staged_corpus
+    text = ss.ParquetStream(path, rank=0, world_size=1)
+    blend = ss.BlendedStream({"a": text, "b": ss.ParquetStream(path, rank=0, world_size=1)}, {"a": 1.0, "b": 1.0},
+                             batch_size=999, rank=0, world_size=1)
+    with pytest.raises(ValueError, match="first_stage_bytes.*blend"):
+        ss.PackedStream(blend, column="text", seq_len=SEQ, batch_size=BATCH, tokenizer=word_level(), bos_id=BOS,
+                        eos_id=EOS, first_stage_bytes=FIRST)
+    with pytest.raises(ValueError, match="first_stage_bytes.*token column"):
+        ss.PackedStream(text, column="text", seq_len=SEQ, batch_size=BATCH, first_stage_bytes=FIRST)

@@ -94,7 +94,7 @@ class WorkerSlots:
             try:
                 others = _pickled_others(batch, tensors)
             except HandOffError as error:
-                return _raise_hand_off, (str(error),)
+                return _hand_off_failure, (str(error),)
             try:
                 return self._pack_shared(batch, tensors, need, others)
             except Exception as error:  # torch: "unable to allocate shared memory(shm) ..."
@@ -107,7 +107,7 @@ class WorkerSlots:
                 layout = _lay_out(batch, tensors, torch.frombuffer(data, dtype=torch.uint8))
                 return _from_bytes, (data, layout, others, self._take_warning())
             except Exception as error:
-                return _raise_hand_off, (f"a batch could not leave DataLoader worker process {self.pid}: neither "
+                return _hand_off_failure, (f"a batch could not leave DataLoader worker process {self.pid}: neither "
                                          f"shared memory in {SHM_DIR} nor the pipe took it ({error!r})",)
 
     def _pack_shared(self, batch: dict[Any, Any], tensors: dict[Any, torch.Tensor], need: int, others: bytes
@@ -303,7 +303,7 @@ def _from_segment(segment: torch.Tensor, layout: list[tuple[Any, ...]], others: 
     return _views(segment, layout, others)
 
 
-def _raise_hand_off(message: str) -> Any:
+def _hand_off_failure(message: str) -> Any:
     """Unpickled in the training process: the error in DataLoader's own carrier of worker exceptions.
     A pin-memory thread (``pin_memory=True``, StreamLoader's default on a CUDA machine) unpickles the
     batch first and passes a carrier on untouched; an exception raised there instead killed that

@@ -45,7 +45,7 @@ from .batch_plan import BatchSpec, Read, Schedule, StreamSchedule
 from .elastic import Segment, remaining_stream, worker_batches_delivered
 from ..errors import StateError
 from .epoch_plan import EpochPlan, Layout, PlanConfig, Pieces
-from .resume import Planner, Position, Start, check_pinned
+from .resume import Planner, Position, Start
 from .topology import Topology
 
 UNKNOWN = -1
@@ -352,6 +352,7 @@ class StagedPlanner:
     config: PlanConfig
 
     split = Planner.split
+    begin = Planner.begin
 
     def _plans(self, epoch: int, history: list[Segment], world_size: int, num_workers: int) -> tuple[StagePlans, int]:
         return staged_resume(self.stages(epoch), self.counts, self.config, epoch, history, world_size, num_workers)
@@ -359,11 +360,9 @@ class StagedPlanner:
     def start(self, epoch: int, position: Position | None, rank: int, world_size: int, worker_id: int,
               num_workers: int) -> Start:
         """The schedule of DataLoader worker ``worker_id`` and where it begins (``Planner.start``)."""
-        history, before = self.split(position, world_size, num_workers)
+        history, before, pinned = self.begin(position, rank, world_size, worker_id, num_workers)
         n = max(num_workers, 1)
-        pinned = position.worker if position is not None else None
         if pinned is not None:
-            check_pinned(pinned, rank, world_size, worker_id, num_workers)
             plans, _ = self._plans(epoch, history, world_size, num_workers)
             role, skip = pinned.role, pinned.batches
         else:

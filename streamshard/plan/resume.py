@@ -88,14 +88,22 @@ class Planner:
             return history[:-1], last.batches
         return history, 0
 
-    def start(self, epoch: int, position: Position | None, rank: int, world_size: int, worker_id: int,
-              num_workers: int) -> Start:
-        """The schedule of DataLoader worker ``worker_id`` and where it begins."""
+    def begin(self, position: Position | None, rank: int, world_size: int, worker_id: int, num_workers: int
+              ) -> tuple[list[Segment], int, WorkerPosition | None]:
+        """``split``, and the per-worker state ``position`` holds, checked against this worker
+        (``check_pinned``): what every planner's ``start`` begins with."""
         history, before = self.split(position, world_size, num_workers)
-        n = max(num_workers, 1)
         pinned = position.worker if position is not None else None
         if pinned is not None:
             check_pinned(pinned, rank, world_size, worker_id, num_workers)
+        return history, before, pinned
+
+    def start(self, epoch: int, position: Position | None, rank: int, world_size: int, worker_id: int,
+              num_workers: int) -> Start:
+        """The schedule of DataLoader worker ``worker_id`` and where it begins."""
+        history, before, pinned = self.begin(position, rank, world_size, worker_id, num_workers)
+        n = max(num_workers, 1)
+        if pinned is not None:
             role, skip = pinned.role, pinned.batches
         if self.partitions is not None:
             plan = CanonicalPlan(self.layout, self.config, epoch, self.partitions, world_size, num_workers)

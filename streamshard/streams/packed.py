@@ -151,6 +151,10 @@ class PackedStream(WeightSteering, PlannedStream):
         self._sequences: int | None = None
         self.first_stage_bytes = check_int(first_stage_bytes, "first_stage_bytes", 1)
         self._staged = self.text is not None and self.blend is None  # a text epoch planned in stages
+        if first_stage_bytes != FIRST_STAGE_BYTES and not self._staged:
+            raise ValueError("first_stage_bytes sizes the first counted stage of a single raw-text corpus "
+                             "(tokenizer=); " + ("a blend of text corpora is counted whole before its first step"
+                                                 if self.text is not None else "a token column needs no counting"))
         self._counts: StageCounts | None = None  # staged: tokens per row group, filled a stage at a time
         self._stages: tuple[int, Stages] | None = None  # staged: the last epoch's stages
         self._counter: threading.Thread | None = None  # staged: the thread counting the later stages
