@@ -247,7 +247,10 @@ ROOM_JOB = """
 import resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))  # a 6 GiB container, as the OOM killer sees it
 import streamshard as ss
-ds = ss.ParquetStream(sys.argv[1], rank=0, world_size=1, shuffle=True, batch_size=None)
+path, kind = sys.argv[1], sys.argv[2]
+ds = ss.ParquetStream(path, rank=0, world_size=1, shuffle=True, batch_size=None)
+if kind == "packed":  # the token column's footer claims 2**31-1 tokens: planned per token
+    ds = ss.PackedStream(ss.ParquetStream(path, rank=0, world_size=1), column="input_ids", seq_len=16, batch_size=4)
 try:
     for _ in ss.StreamLoader(ds, num_workers=2, workers="threads"):
         pass
@@ -257,14 +260,16 @@ except ss.CatalogError as error:
 
 
 @pytest.mark.slow
-def test_a_row_group_whose_planning_cannot_fit_in_the_memory_left_is_refused_naming_it(tmp_path):
-    """The chunks agree with the claim (2**31-1 values each): the plan's per-row arrays are checked against
-    the memory left (here a 6 GiB address-space limit) before they are allocated. Before: MemoryError
-    allocating 8 GiB, naming nothing."""
+@pytest.mark.parametrize("kind, share", [("stream", "1073742024 of its 2147483647 rows"),
+                                         ("packed", "1073742424 of its 2147483647 tokens")])
+def test_a_row_group_whose_planning_cannot_fit_in_the_memory_left_is_refused_naming_it(tmp_path, kind, share):
+    """The chunks agree with the claim (2**31-1 values each): the plan's per-row (for a pack, per-token)
+    arrays are checked against the memory left (here a 6 GiB address-space limit) before they are
+    allocated. Before: MemoryError allocating 8 GiB, naming nothing (a PackedStream until 2026-11-26)."""
     import subprocess
     import sys
 
     path = _claiming(_two_columns(tmp_path), tmp_path, 2**31 - 1, 2**31 - 1)
-    done = subprocess.run([sys.executable, "-c", ROOM_JOB, path], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", ROOM_JOB, path, kind], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "refused:" in done.stdout, done.stdout + done.stderr[-2000:]
-    assert "claims.parquet row group 0: this worker's 1073742024 of its 2147483647 rows need" in done.stdout
+    assert f"claims.parquet row group 0: this worker's {share} need" in done.stdout

@@ -25,23 +25,19 @@ from ..io.catalog_share import CatalogShare
 from ..io.delta import DeltaTable
 from .delivery import DeliveryStats, deliver
 from ..errors import CatalogError, ReadError
-from ..io.memory_room import available_bytes
 from ..format.deletions import stored_rows
 from ..io.partitions import check_partitioning, with_partition_columns
 from ..plan.epoch_plan import ORDER_VERSION, EpochPlan, Layout, PlanConfig
 from ..io.reader import RowGroupReader, StreamedPart
 from ..plan.resume import Planner, Start
 from ..format.schema import parse_cast, read_as
+from .planning_room import check_planning_room
 from .stream_base import PlannedStream
 from ..convert.tensors import Batch, BatchConverter, check_conversion_options
 from ..plan.topology import Topology, current_worker, mesh_rank_world
 from ..plan.validate import check_int
 
 log = logging.getLogger("streamshard")
-
-# Bytes a planned row takes while a worker plans its share of a row group: its position, its row number
-# under the shuffle, sorted, and the piece labels of a batch (int64 arrays, a few alive at once).
-PLANNED_ROW_BYTES = 40
 
 DEFAULT_BATCH_SIZE = 256
 DEFAULT_SHUFFLE_WINDOW = 16  # row groups mixed per batch by default (benchmarks/shuffle_quality.py)
@@ -297,29 +293,12 @@ class ParquetStream(PlannedStream):
             self._warn_about_traps(num_workers)
             self._warn_about_padding(num_workers)
         if isinstance(start.schedule, StreamSchedule):
-            self._check_planning_room(start.schedule)
+            check_planning_room(start.schedule, self.catalog.place, self.catalog.rg_rows)
         if isinstance(start.schedule, StreamSchedule) and start.schedule.worker == 0:
             plan = start.schedule.plan
             if self.config.uneven == "drop" and plan.dropped_rows():
                 log.warning("uneven='drop' leaves out %d of %d rows in epoch %d", plan.dropped_rows(), plan.total_rows,
                             plan.epoch)
-
-    def _check_planning_room(self, schedule: StreamSchedule) -> None:
-        """Refuse, naming the row group, a worker's share of a row group whose per-row planning arrays
-        (positions, row numbers: ~``PLANNED_ROW_BYTES`` a row) would not fit in the memory left, rather
-        than be killed allocating them. Only shares above 64 MiB of such arrays are checked."""
-        rows = schedule.pieces.rows
-        if not len(rows) or int(rows.max()) * PLANNED_ROW_BYTES <= 64 << 20:
-            return
-        largest = int(np.argmax(rows))
-        need, room = int(rows[largest]) * PLANNED_ROW_BYTES, available_bytes()
-        if need > room:
-            rg = int(schedule.pieces.rg[largest])
-            raise CatalogError(f"{self.catalog.place(rg)}: this worker's {int(rows[largest])} of its "
-                               f"{int(self.catalog.rg_rows[rg])} rows need {need / 2**30:.1f} GiB to plan, and "
-                               f"{room / 2**30:.1f} GiB of memory is left: the footer's row count is damaged, or "
-                               "the row group is too large for this machine (rewrite it with smaller row groups, "
-                               "or use more workers)")
 
     def _deliver(self, start: Start) -> Iterator[Any]:
         reader = RowGroupReader.from_catalog(self.catalog, self.storage_options)

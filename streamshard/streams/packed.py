@@ -19,6 +19,7 @@ import torch
 
 from ..plan.batch_plan import BatchSpec, Read, Schedule, StreamSchedule
 from .blend import BlendedStream
+from .planning_room import check_planning_room
 from ..plan.blend_plan import BlendMap, CorpusOrder, blend_length, position_config, position_layout
 from ..plan.blend_schedule import blend_counts
 from .dataset import ParquetStream
@@ -313,6 +314,13 @@ class PackedStream(WeightSteering, PlannedStream):
             if more is not None:
                 return not more
         return super()._ended(position)
+
+    def _before_pass(self, start: Start, worker_id: int, num_workers: int) -> None:
+        # A token column's counts come from its footers, so a damaged one may claim billions of tokens
+        # (a text column's are counted by tokenizing: real).
+        if self.text is None and self.blend is None and isinstance(start.schedule, StreamSchedule):
+            catalog = self.source.catalog
+            check_planning_room(start.schedule, catalog.place, self._token_counts()[0], "tokens")
 
     def _deliver(self, start: Start) -> Iterator[Any]:
         if not self._staged:
