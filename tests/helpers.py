@@ -6,6 +6,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
+from fsspec.implementations.local import LocalFileSystem
 from torch.utils.data import DataLoader
 
 import streamshard as ss
@@ -69,3 +70,19 @@ def rows_of(batch: dict[str, Any], columns: list[str]) -> Iterator[tuple[int, di
                 value = batch[c][j]
                 row[c] = value.item() if hasattr(value, "item") else value
         yield sid, row
+
+
+class LocalUnderProtocol(LocalFileSystem):
+    """The local filesystem under its own URL scheme (``protocol``), for tests that watch or disturb
+    what the package asks of a store: a subclass sets ``protocol`` and overrides the calls it watches,
+    then registers itself with ``fsspec.register_implementation(protocol, cls, clobber=True)``."""
+
+    protocol = "localunder"
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        path, scheme = str(path), f"{cls.protocol}://"
+        return super()._strip_protocol(path[len(scheme):] if path.startswith(scheme) else path)
+
+    def unstrip_protocol(self, name):
+        return f"{self.protocol}://{self._strip_protocol(name)}"

@@ -15,7 +15,7 @@ import fsspec
 import numpy as np
 import pytest
 import torch.multiprocessing as mp
-from fsspec.implementations.local import LocalFileSystem
+from helpers import LocalUnderProtocol
 
 from streamshard.io.catalog_cache import FORMAT_VERSION
 from streamshard.io.catalog import Catalog
@@ -26,20 +26,12 @@ from streamshard.testing import faulty_proxy, write_corpus
 LAYOUT = [[40, 40], [30], [25, 25], [50], [10], [5, 5, 5], [7], [9]]
 
 
-class FooterCountingFileSystem(LocalFileSystem):
+class FooterCountingFileSystem(LocalUnderProtocol):
     """Local files under ``fcount://``, counting ranged reads (footer reads) per file."""
 
     protocol = "fcount"
     reads: Counter = Counter()
     _lock = threading.Lock()
-
-    @classmethod
-    def _strip_protocol(cls, path):
-        path = str(path)
-        return super()._strip_protocol(path[len("fcount://"):] if path.startswith("fcount://") else path)
-
-    def unstrip_protocol(self, name):
-        return f"fcount://{self._strip_protocol(name)}"
 
     def cat_file(self, path, start=None, end=None, **kwargs):
         with FooterCountingFileSystem._lock:
@@ -276,20 +268,12 @@ def test_a_cache_that_cannot_be_written_is_a_warning_and_the_catalog_is_built(tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "data"]  # no temp file left anywhere
 
 
-class ThreadRecordingFileSystem(LocalFileSystem):
+class ThreadRecordingFileSystem(LocalUnderProtocol):
     """Local files under ``fthreads://`` whose ranged reads wait ``delay`` seconds, recording their threads."""
 
     protocol = "fthreads"
     delay = 0.0
     threads: set = set()
-
-    @classmethod
-    def _strip_protocol(cls, path):
-        path = str(path)
-        return super()._strip_protocol(path[len("fthreads://"):] if path.startswith("fthreads://") else path)
-
-    def unstrip_protocol(self, name):
-        return f"fthreads://{self._strip_protocol(name)}"
 
     def cat_file(self, path, start=None, end=None, **kwargs):
         ThreadRecordingFileSystem.threads.add(threading.get_ident())

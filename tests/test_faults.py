@@ -8,7 +8,7 @@ import time
 import fsspec
 import pytest
 import torch
-from fsspec.implementations.local import LocalFileSystem
+from helpers import LocalUnderProtocol
 from torch.utils.data import DataLoader
 
 import streamshard as ss
@@ -152,7 +152,7 @@ def test_catalog_retries_listing_and_footers(s3, corpus, proxy):
 SECRET = "sUp3r-s3cr3t-V4lue-0123456789"
 
 
-class LeakyFileSystem(LocalFileSystem):
+class LeakyFileSystem(LocalUnderProtocol):
     """A backend that puts its credentials into its error messages (some do)."""
 
     protocol = "leaky"
@@ -161,14 +161,6 @@ class LeakyFileSystem(LocalFileSystem):
     def __init__(self, *args, token=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.token = token
-
-    @classmethod
-    def _strip_protocol(cls, path):
-        path = str(path)
-        return super()._strip_protocol(path[len("leaky://"):] if path.startswith("leaky://") else path)
-
-    def unstrip_protocol(self, name):
-        return f"leaky://{self._strip_protocol(name)}"
 
     def _open(self, path, mode="rb", **kwargs):
         if LeakyFileSystem.failures_left > 0:

@@ -19,7 +19,7 @@ import pytest
 import streamshard as ss
 import streamshard.io.catalog as catalog_module
 from streamshard.io.catalog import Catalog
-from fsspec.implementations.local import LocalFileSystem
+from helpers import LocalUnderProtocol
 
 from streamshard.streams.delivery import deliver
 from streamshard.io.footer import SHARED_FOOTERS
@@ -466,21 +466,13 @@ def test_reading_from_a_hung_endpoint_fails_within_the_deadline(s3, tmp_path):
         assert time.monotonic() - started < DEADLINE.deadline + SLACK
 
 
-class SecondFooterFailsFileSystem(LocalFileSystem):
+class SecondFooterFailsFileSystem(LocalUnderProtocol):
     """Local files under ``failsecond://``: the second file's footer is refused at once; the first
     one's read waits (up to a second) for every other read to start, as a hung request would."""
 
     protocol = "failsecond"
     started: list = []
     all_started = threading.Event()
-
-    @classmethod
-    def _strip_protocol(cls, path):
-        path = str(path)
-        return super()._strip_protocol(path[len("failsecond://"):] if path.startswith("failsecond://") else path)
-
-    def unstrip_protocol(self, name):
-        return f"failsecond://{self._strip_protocol(name)}"
 
     def cat_file(self, path, start=None, end=None, **kwargs):
         cls = SecondFooterFailsFileSystem

@@ -8,28 +8,18 @@ from collections import Counter
 import fsspec
 import numpy as np
 import pytest
-from fsspec.implementations.local import LocalFileSystem
+from helpers import LocalUnderProtocol
 
 import streamshard as ss
 from streamshard.testing import write_corpus
 
 
-class CountingFileSystem(LocalFileSystem):
+class CountingFileSystem(LocalUnderProtocol):
     """The local filesystem under its own protocol, counting every data access per file."""
 
     protocol = "counting"
     opens: Counter = Counter()
     reads: Counter = Counter()
-
-    @classmethod
-    def _strip_protocol(cls, path):
-        path = str(path)
-        if path.startswith("counting://"):
-            path = path[len("counting://"):]
-        return super()._strip_protocol(path)
-
-    def unstrip_protocol(self, name):
-        return f"counting://{self._strip_protocol(name)}"
 
     def _open(self, path, mode="rb", **kwargs):
         if not getattr(_inside, "cat", False):  # the local cat_file opens internally; count ours only
