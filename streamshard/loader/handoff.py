@@ -89,7 +89,7 @@ class WorkerSlots:
         bytes for the pipe. Its other values are pickled here, so that one that cannot be is an error
         in the training loop rather than a batch the queue drops."""
         tensors = _cpu_tensors(batch)
-        need = sum(_aligned(_nbytes(v)) for v in tensors.values())
+        need = sum(_aligned(v.nbytes) for v in tensors.values())
         with self._lock:
             try:
                 others = _pickled_others(batch, tensors)
@@ -265,27 +265,30 @@ def _lay_out(batch: dict[Any, Any], tensors: dict[Any, torch.Tensor], buffer: to
     key, the key alone (a value sent pickled) or key, dtype, shape and byte offset."""
     layout: list[tuple[Any, ...]] = []
     offset = 0
+    raw = buffer.numpy()  # the copies go through numpy: a view and a copy per tensor, ~1 us each
     for key, value in batch.items():
         if key not in tensors:
             layout.append((key,))
             continue
-        _copy_into(buffer, offset, value)
+        _copy_into(buffer, raw, offset, value)
         layout.append((key, value.dtype, tuple(value.shape), offset))
-        offset += _aligned(_nbytes(value))
+        offset += _aligned(value.nbytes)
     return layout
 
 
 def _views(base: torch.Tensor, layout: list[tuple[Any, ...]], others: bytes) -> dict[Any, Any]:
     """The batch :func:`_lay_out` laid out in ``base`` (bytes), its tensors views of ``base``."""
     values = pickle.loads(others)  # made by this package's worker process (as torch's queue would send it)
+    storage, start = base.untyped_storage(), base.storage_offset()  # ``base`` is bytes (uint8)
     batch: dict[Any, Any] = {}
     for entry in layout:
         if len(entry) == 1:
             batch[entry[0]] = values[entry[0]]
             continue
         key, dtype, shape, offset = entry
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        batch[key] = base[offset:offset + nbytes].view(dtype).view(shape)
+        # One ``set_`` onto the shared storage (bounds checked by torch) rather than a slice and two views:
+        # ~2 us a tensor against ~7 (the main process pays this for every tensor of every batch).
+        batch[key] = torch.empty(0, dtype=dtype).set_(storage, (start + offset) // dtype.itemsize, shape)
     return batch
 
 
@@ -333,18 +336,22 @@ def _forget_exited_workers() -> None:
 
 
 def _cpu_tensors(batch: dict[Any, Any]) -> dict[Any, torch.Tensor]:
-    return {k: v for k, v in batch.items() if isinstance(v, torch.Tensor) and v.device.type == "cpu"}
+    return {k: v for k, v in batch.items() if isinstance(v, torch.Tensor) and v.is_cpu}
 
 
-def _nbytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
+def _copy_into(buffer: torch.Tensor, raw: np.ndarray, offset: int, value: torch.Tensor) -> None:
+    """``value`` copied into ``buffer`` (``raw``: the same bytes as numpy) at byte ``offset``."""
+    dtype = _NUMPY_DTYPES.get(value.dtype)
+    if dtype is not None and not value.requires_grad:
+        np.copyto(np.ndarray(value.shape, dtype, raw, offset), value.numpy(), casting="no")
+    else:  # a dtype numpy lacks (bfloat16, ...), or a tensor autograd tracks
+        buffer[offset:offset + value.nbytes].view(value.dtype).view(value.shape).copy_(value)
 
 
-def _copy_into(buffer: torch.Tensor, offset: int, value: torch.Tensor) -> torch.Tensor:
-    """``value`` copied into ``buffer`` at byte ``offset``; the copy, as a view of the buffer."""
-    view = buffer[offset:offset + _nbytes(value)].view(value.dtype).view(value.shape)
-    view.copy_(value)
-    return view
+_NUMPY_DTYPES = {torch.bool: np.dtype(np.bool_), torch.uint8: np.dtype(np.uint8), torch.int8: np.dtype(np.int8),
+                 torch.int16: np.dtype(np.int16), torch.int32: np.dtype(np.int32), torch.int64: np.dtype(np.int64),
+                 torch.float16: np.dtype(np.float16), torch.float32: np.dtype(np.float32),
+                 torch.float64: np.dtype(np.float64)}
 
 
 def _aligned(size: int) -> int:
