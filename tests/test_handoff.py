@@ -194,13 +194,15 @@ def test_the_slots_memory_is_reported_and_bounded_by_the_batches_in_flight(tmp_p
     path = corpus(tmp_path)
     before = ss.StreamLoader(stream(path), num_workers=2, workers="threads").slot_bytes  # other tests' live workers
     loader = ss.StreamLoader(stream(path), num_workers=2, workers="processes", persistent_workers=True)
-    largest = 0
+    largest, per_message = 0, loader.dataset.batches_a_message()
+    assert per_message == 8  # small batches: several a message
     for batch in loader:
         largest = max(largest, sum(v.nbytes for v in batch.values() if isinstance(v, torch.Tensor)))
     assert loader.slot_bytes > 0
     used = loader.slot_bytes - before
-    # each worker holds a few slots (4 in flight by default, one being used), each up to 1.25x a batch
-    assert used <= 2 * 8 * 1.25 * largest + 2 * 8 * 64, f"{used} bytes of slots for batches of {largest}"
+    # each worker holds a few slots (2 messages in flight by default, one being used, one the loop may
+    # hold), each up to 1.25x a message of ``per_message`` batches
+    assert used <= 2 * 4 * 1.25 * per_message * largest + 2 * 8 * 64, f"{used} bytes of slots for batches of {largest}"
 
 
 def _small_files(_worker_id):
@@ -316,3 +318,64 @@ def test_tensors_of_every_dtype_and_layout_arrive_exactly_as_sent():
             else:
                 assert got[key] == value
         del got
+
+
+def test_chunks_of_batches_merge_back_into_round_robin_order_and_an_error_comes_after_the_batches_before_it():
+    """A worker process sends several batches a message (``handoff.chunks``); the loader puts them back in
+    the order of one batch a message: worker 0, 1, 2, 0, 1, 2, ... (an exhausted worker skipped), and a
+    worker's error after the batches it made before it. Messages go through pickling as the queue's would."""
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    from streamshard.loader.handoff import WorkerSlots, chunks, merged
+
+    def worker(w, n, fail_after=None):
+        for i in range(n):
+            if fail_after is not None and i == fail_after:
+                raise KeyError(f"worker {w} broke")
+            yield {"w": torch.tensor(w), "i": torch.tensor(i), "x": torch.zeros(3), "note": f"{w}.{i}"}
+
+    def data_loader(workers):  # DataLoader's order: one message from each worker in turn, an exhausted one skipped
+        sources = [chunks(w, batches, WorkerSlots(), 8, convert=False) for w, batches in enumerate(workers)]
+        while sources:
+            for source in list(sources):
+                try:
+                    message = next(source)
+                except StopIteration:
+                    sources.remove(source)
+                    continue
+                yield pickle.loads(ForkingPickler.dumps(message))
+
+    def pairs(batches):
+        return [(int(b["w"]), int(b["i"]), b["note"]) for b in batches]
+
+    got = pairs(merged(data_loader([worker(0, 50), worker(1, 50), worker(2, 49)]), 3))
+    assert got == [(w, i, f"{w}.{i}") for i in range(50) for w in range(3) if (w, i) != (2, 49)]
+    assert pairs(merged(data_loader([worker(0, 3), worker(1, 0)]), 2)) == [(0, 0, "0.0"), (0, 1, "0.1"), (0, 2, "0.2")]
+
+    got = []
+    with pytest.raises(KeyError, match="worker 1 broke"):
+        for b in merged(data_loader([worker(0, 50), worker(1, 50, fail_after=37), worker(2, 50)]), 3):
+            got.append((int(b["w"]), int(b["i"])))
+    assert got == [(w, i) for i in range(37) for w in range(3)] + [(0, 37)]
+
+
+def test_stream_loader_worker_processes_send_small_batches_several_a_message(tmp_path, monkeypatch):
+    import streamshard.loader.stream_loader as stream_loader
+
+    path = corpus(tmp_path)
+    reference = in_process(path)
+    messages = []
+    real = stream_loader.merged
+
+    def counted(items, workers):
+        def each():
+            for item in items:
+                messages.append(len(item.batches))
+                yield item
+        return real(each(), workers)
+
+    monkeypatch.setattr(stream_loader, "merged", counted)
+    got = list(ss.StreamLoader(stream(path), num_workers=2, workers="processes", pin_memory=False))
+    assert same_batches(got, reference)
+    assert sum(messages) == len(reference) and len(messages) <= len(reference) // 8 + 2 * 2

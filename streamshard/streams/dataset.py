@@ -30,6 +30,7 @@ from ..format.deletions import stored_rows
 from ..io.partitions import check_partitioning, with_partition_columns
 from ..plan.epoch_plan import ORDER_VERSION, EpochPlan, Layout, PlanConfig
 from ..io.reader import RowGroupReader, StreamedPart
+from ..loader.handoff import CHUNK_BATCHES, CHUNK_BYTES
 from ..plan.resume import Planner, Start
 from ..format.schema import parse_cast, read_as
 from .stream_base import PlannedStream
@@ -46,6 +47,7 @@ PLANNED_ROW_BYTES = 40
 DEFAULT_BATCH_SIZE = 256
 DEFAULT_SHUFFLE_WINDOW = 16  # row groups mixed per batch by default (benchmarks/shuffle_quality.py)
 PADDING_WARNING = 0.10  # row-group-sized batches: warn when padding exceeds this share of the steps
+_DECODED_PER_STORED = 4  # a batch's bytes in memory per stored (compressed, all columns) byte, a generous guess
 
 
 class ParquetStream(PlannedStream):
@@ -269,6 +271,17 @@ class ParquetStream(PlannedStream):
             "padding_batches": int((plan.steps - real).sum()),
             "dropped_rows": plan.dropped_rows(),
         }
+
+    def batches_a_message(self) -> int:
+        """Batches a ``StreamLoader`` worker process sends in one message: as many as fit ``CHUNK_BYTES``
+        at ``_DECODED_PER_STORED`` times the corpus's stored bytes a row (the same in every worker, known
+        before any is read), at most ``CHUNK_BATCHES``; one for a row group a batch."""
+        if self.config.batch_size is None:
+            return 1
+        catalog = self.catalog
+        stored = float(np.sum(catalog.file_sizes)) / max(int(np.sum(catalog.rg_rows)), 1)
+        batch_bytes = _DECODED_PER_STORED * stored * self.config.batch_size
+        return int(np.clip(CHUNK_BYTES // max(batch_bytes, 1.0), 1, CHUNK_BATCHES))
 
     @property
     def shuffled(self) -> bool:
