@@ -194,7 +194,7 @@ def test_the_slots_memory_is_reported_and_bounded_by_the_batches_in_flight(tmp_p
     path = corpus(tmp_path)
     before = ss.StreamLoader(stream(path), num_workers=2, workers="threads").slot_bytes  # other tests' live workers
     loader = ss.StreamLoader(stream(path), num_workers=2, workers="processes", persistent_workers=True)
-    largest, per_message = 0, loader.dataset.batches_a_message()
+    largest, per_message = 0, loader.dataset._batches_a_message()
     assert per_message == 8  # small batches: several a message
     for batch in loader:
         largest = max(largest, sum(v.nbytes for v in batch.values() if isinstance(v, torch.Tensor)))

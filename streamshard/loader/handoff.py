@@ -256,16 +256,17 @@ def _unchunk(head: tuple[Any, ...], plain: dict[int, Any], rebuild: Any, args: t
 
 def chunks(worker: int, batches: Iterator[Any], slots: "WorkerSlots | None", per_chunk: int,
            convert: bool) -> Iterator[BatchChunk]:
-    """``batches`` (one worker process's pass) as chunks of ``per_chunk`` batches (the last one shorter,
-    possibly empty, and marked ``last``); an exception of the pass ends it in a last chunk carrying it.
+    """``batches`` (one worker process's pass) as chunks of ``per_chunk`` batches, each sent as soon as
+    it is full, then a last one (shorter, possibly empty, marked ``last``); an exception of the pass
+    ends it in a last chunk carrying it.
     ``convert``: each batch through ``default_convert`` first (what DataLoader would do to it alone)."""
     held: list[Any] = []
     try:
         for batch in batches:
-            if len(held) >= per_chunk:
+            held.append(default_convert(batch) if convert else batch)
+            if len(held) >= per_chunk:  # sent at once: a slow next batch holds none of these back
                 yield BatchChunk(worker, held, False, None, slots)
                 held = []
-            held.append(default_convert(batch) if convert else batch)
     except Exception:  # noqa: BLE001 - raised in the training loop, with its type, after the batches before it
         error = ExceptionWrapper(sys.exc_info(), where=f"in DataLoader worker process {worker}")
         yield BatchChunk(worker, held, True, error, slots)

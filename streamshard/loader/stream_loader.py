@@ -557,7 +557,7 @@ class StreamLoader:
         if not reusable:
             args = dict(self._loader_args)
             if isinstance(self._source, _Stream) and not self._prefetch_given and self.num_workers:
-                if self._source.stream.batches_a_message() > 1:  # several batches a message: fewer messages in flight
+                if self._source.stream._batches_a_message() > 1:  # several batches a message: fewer messages in flight
                     args["prefetch_factor"] = _CHUNK_PREFETCH
             self._loader = self._source.data_loader(num_workers=self.num_workers, pin_memory=self.pin_memory, **args)
             self._loader_revision = revision

@@ -272,7 +272,7 @@ class ParquetStream(PlannedStream):
             "dropped_rows": plan.dropped_rows(),
         }
 
-    def batches_a_message(self) -> int:
+    def _batches_a_message(self) -> int:
         """Batches a ``StreamLoader`` worker process sends in one message: as many as fit ``CHUNK_BYTES``
         at ``_DECODED_PER_STORED`` times the corpus's stored bytes a row (the same in every worker, known
         before any is read), at most ``CHUNK_BATCHES``; one for a row group a batch."""

@@ -406,18 +406,18 @@ class PlannedStream(IterableDataset):
     def handing_over(self, origin: Position) -> Iterator[None]:
         """While DataLoader workers start (``StreamLoader``'s worker processes), their copies of this
         stream carry ``origin`` as the state their first pass uses (this process keeps none), and send
-        their batches ``batches_a_message()`` at a time, which ``StreamLoader`` puts back in order
+        their batches ``_batches_a_message()`` at a time, which ``StreamLoader`` puts back in order
         (``handoff.merged``)."""
         if not origin.fresh:
             self._pending, self._pending_here = origin, False
             self._loads = self._cell.record_load()
-        self._per_message = self.batches_a_message()
+        self._per_message = self._batches_a_message()
         try:
             yield
         finally:
             self._pending, self._per_message = None, 0
 
-    def batches_a_message(self) -> int:
+    def _batches_a_message(self) -> int:
         """Batches a worker process sends ``StreamLoader`` in one message (``loader/handoff.py``'s
         chunks): the same number in every worker, decided before they start. One here; a stream that
         can tell its batches are small sends more."""
