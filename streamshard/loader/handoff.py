@@ -198,6 +198,11 @@ CHUNK_BATCHES = 8  # a worker process's batches in one message to StreamLoader, 
 CHUNK_BYTES = 1 << 20  # ... and about this many bytes (estimated before the pass: every worker must agree)
 
 
+def batches_per_message(batch_bytes: float) -> int:
+    """How many batches of about ``batch_bytes`` (an estimate) a worker process sends in one message."""
+    return int(np.clip(CHUNK_BYTES // max(batch_bytes, 1.0), 1, CHUNK_BATCHES))
+
+
 class BatchChunk:
     """Consecutive batches of one worker process's pass on their way to ``StreamLoader``, in one message.
 

@@ -30,7 +30,7 @@ from ..format.deletions import stored_rows
 from ..io.partitions import check_partitioning, with_partition_columns
 from ..plan.epoch_plan import ORDER_VERSION, EpochPlan, Layout, PlanConfig
 from ..io.reader import RowGroupReader, StreamedPart
-from ..loader.handoff import CHUNK_BATCHES, CHUNK_BYTES
+from ..loader.handoff import batches_per_message
 from ..plan.resume import Planner, Start
 from ..format.schema import parse_cast, read_as
 from .stream_base import PlannedStream
@@ -273,15 +273,18 @@ class ParquetStream(PlannedStream):
         }
 
     def _batches_a_message(self) -> int:
-        """Batches a ``StreamLoader`` worker process sends in one message: as many as fit ``CHUNK_BYTES``
-        at ``_DECODED_PER_STORED`` times the corpus's stored bytes a row (the same in every worker, known
-        before any is read), at most ``CHUNK_BATCHES``; one for a row group a batch."""
+        """Batches a ``StreamLoader`` worker process sends in one message (``handoff.batches_per_message``
+        of ``batch_size`` rows at ``_row_bytes()``: the same in every worker, known before any is read);
+        one for a row group a batch."""
         if self.config.batch_size is None:
             return 1
+        return batches_per_message(self._row_bytes() * self.config.batch_size)
+
+    def _row_bytes(self) -> float:
+        """A row's bytes in a batch, estimated generously from the catalog: ``_DECODED_PER_STORED`` times
+        its files' stored bytes (all columns) a row."""
         catalog = self.catalog
-        stored = float(np.sum(catalog.file_sizes)) / max(int(np.sum(catalog.rg_rows)), 1)
-        batch_bytes = _DECODED_PER_STORED * stored * self.config.batch_size
-        return int(np.clip(CHUNK_BYTES // max(batch_bytes, 1.0), 1, CHUNK_BATCHES))
+        return _DECODED_PER_STORED * float(np.sum(catalog.file_sizes)) / max(int(np.sum(catalog.rg_rows)), 1)
 
     @property
     def shuffled(self) -> bool:
