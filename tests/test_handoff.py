@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import streamshard as ss
-from streamshard.loader.handoff import MAX_SLOTS
+from streamshard.loader.handoff import CHUNK_BATCHES, MAX_SLOTS
 from streamshard.testing import write_corpus
 
 from resume_harness import same_batches
@@ -195,7 +195,7 @@ def test_the_slots_memory_is_reported_and_bounded_by_the_batches_in_flight(tmp_p
     before = ss.StreamLoader(stream(path), num_workers=2, workers="threads").slot_bytes  # other tests' live workers
     loader = ss.StreamLoader(stream(path), num_workers=2, workers="processes", persistent_workers=True)
     largest, per_message = 0, loader.dataset._batches_a_message()
-    assert per_message == 8  # small batches: several a message
+    assert per_message == CHUNK_BATCHES  # small batches: as many a message as allowed
     for batch in loader:
         largest = max(largest, sum(v.nbytes for v in batch.values() if isinstance(v, torch.Tensor)))
     assert loader.slot_bytes > 0
@@ -378,4 +378,4 @@ def test_stream_loader_worker_processes_send_small_batches_several_a_message(tmp
     monkeypatch.setattr(stream_loader, "merged", counted)
     got = list(ss.StreamLoader(stream(path), num_workers=2, workers="processes", pin_memory=False))
     assert same_batches(got, reference)
-    assert sum(messages) == len(reference) and len(messages) <= len(reference) // 8 + 2 * 2
+    assert sum(messages) == len(reference) and len(messages) <= len(reference) // CHUNK_BATCHES + 2 * 2

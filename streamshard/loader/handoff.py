@@ -194,8 +194,8 @@ class SlotBatch(dict):  # type: ignore[type-arg]
 
 # -- several batches a message (StreamLoader's worker processes) ------------------------------------
 
-CHUNK_BATCHES = 8  # a worker process's batches in one message to StreamLoader, at most
-CHUNK_BYTES = 1 << 20  # ... and about this many bytes (estimated before the pass: every worker must agree)
+CHUNK_BATCHES = 16  # a worker process's batches in one message to StreamLoader, at most
+CHUNK_BYTES = 2 << 20  # ... and about this many bytes (estimated before the pass: every worker must agree)
 
 
 def batches_per_message(batch_bytes: float) -> int:

@@ -262,7 +262,7 @@ class StreamLoader:
             timeout, worker_init_fn: as for ``torch.utils.data.DataLoader``; ``pin_memory=None``
             pins when a CUDA device is available; ``prefetch_factor=None`` keeps 4 messages in
             flight per worker process (small batches cross processes faster with more in flight;
-            2 when a ``ParquetStream``'s small batches travel up to 8 a message, ~1 MiB, which
+            2 when a ``ParquetStream``'s small batches travel up to 16 a message, ~2 MiB, which
             ``prefetch_factor`` then counts) and up to 16 ready batches per thread worker (8 per
             unit; fewer once they pass 4 MiB each).
         sampler: an ``ElasticSampler`` over ``dataset`` (map-style datasets only). Change the
