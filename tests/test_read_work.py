@@ -42,3 +42,25 @@ def test_a_footer_is_parsed_once_per_process_not_once_per_pass(tmp_path, monkeyp
     assert len(walks) == 3  # one per file, in the first pass
     assert read_pass(catalog) == first == list(range(300))
     assert len(walks) == 3  # the second pass walked none
+
+
+def test_a_loop_that_writes_into_its_batches_changes_no_later_batch(tmp_path):
+    # Padded batches as wide as their block are views of the block's rows (no copy): they must not
+    # overlap, so a loop masking tokens in place leaves every other batch as it was. A guard: the
+    # copies of before passed it too.
+    import torch
+
+    import streamshard as ss
+    from streamshard.testing import write_corpus
+
+    write_corpus(str(tmp_path), [[700, 300], [500]], 3, 30, seed=5, tokens="random")
+    for kwargs in ({}, {"shuffle": True}, {"lists": "flat"}):
+        want = [{k: v.clone() for k, v in b.items()} for b in ss.ParquetStream(str(tmp_path), batch_size=64, **kwargs)]
+        got = []
+        for batch in ss.ParquetStream(str(tmp_path), batch_size=64, **kwargs):
+            got.append({k: v.clone() for k, v in batch.items()})
+            for value in batch.values():
+                value.fill_(-7)  # what a loop may do to the batch it holds
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
