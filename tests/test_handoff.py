@@ -379,3 +379,15 @@ def test_stream_loader_worker_processes_send_small_batches_several_a_message(tmp
     got = list(ss.StreamLoader(stream(path), num_workers=2, workers="processes", pin_memory=False))
     assert same_batches(got, reference)
     assert sum(messages) == len(reference) and len(messages) <= len(reference) // CHUNK_BATCHES + 2 * 2
+
+
+def test_only_small_batches_share_a_message(tmp_path):
+    """The chunk size is estimated from the catalog (every worker must agree before any batch exists):
+    small batches go many a message, large ones one a message, and a row group a batch alone."""
+    small, wide = tmp_path / "small", tmp_path / "wide"
+    write_corpus(str(small), [[400, 400]])
+    write_corpus(str(wide), [[300]], min_tokens=3000, max_tokens=3000, tokens="random")
+    for path, batch_size, expected in ((small, 32, CHUNK_BATCHES), (small, None, 1), (wide, 256, 1)):
+        ds = ss.ParquetStream(str(path), batch_size=batch_size)
+        ds.set_epoch(0)
+        assert ds._batches_a_message() == expected, (path.name, batch_size)
