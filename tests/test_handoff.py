@@ -391,3 +391,27 @@ def test_only_small_batches_share_a_message(tmp_path):
         ds = ss.ParquetStream(str(path), batch_size=batch_size)
         ds.set_epoch(0)
         assert ds._batches_a_message() == expected, (path.name, batch_size)
+
+
+def _ids_and_numpy(batch):
+    return batch["id"].numpy() * 2, {"sample_id": batch["sample_id"], "text": [str(i) for i in batch["id"].tolist()]}
+
+
+def test_a_transforms_batches_arrive_as_a_plain_dataloader_delivers_them(tmp_path):
+    # A transform (worker processes) may return anything: in chunks, each batch still goes through
+    # DataLoader's default_convert (numpy -> tensor) and arrives as it would one a message.
+    path = corpus(tmp_path)
+    loader = ss.StreamLoader(_transformed(path), num_workers=2, pin_memory=False)
+    assert loader.workers == "processes"
+    got = list(loader)
+    want = list(DataLoader(_transformed(path), batch_size=None, num_workers=2))
+    assert len(got) == len(want) > CHUNK_BATCHES
+    for (ids, rest), (want_ids, want_rest) in zip(got, want):
+        assert isinstance(ids, torch.Tensor) and torch.equal(ids, want_ids)
+        assert torch.equal(rest["sample_id"], want_rest["sample_id"]) and rest["text"] == want_rest["text"]
+
+
+def _transformed(path):
+    ds = ss.ParquetStream(path, batch_size=32, shuffle=True, seed=1, rank=0, world_size=1, transform=_ids_and_numpy)
+    ds.set_epoch(0)
+    return ds
