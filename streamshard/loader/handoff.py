@@ -20,6 +20,12 @@ slot held sends the batch the ordinary way. The slots are never handed to user c
 (a collate function sees the batch's own tensors; only pickling copies them into a slot), so a
 collate function that returns something else than the batch sends it the ordinary way, intact.
 
+``StreamLoader``'s worker processes go one step further: DataLoader's own work per message (its
+queues, the worker's feeder thread and pipe, the main process's bookkeeping) costs more than gathering a
+small batch, so they send a ``ParquetStream``'s small batches several a message (:func:`chunks`, up to
+``CHUNK_BATCHES``, the tensors of all in one slot), and the loader puts them back in the order of one
+batch a message (:func:`merged`). A plain ``DataLoader`` still gets one batch a message.
+
 Shared memory can run out (Docker gives a container 64 MB of ``/dev/shm``). Pickling runs on the
 queue's feeder thread, where an exception is printed and the batch dropped: the pass would end
 early, or the loader wait forever for the lost batch. So a batch never fails to pickle here: when no
