@@ -23,6 +23,7 @@ the retry deadline also cuts off a request in flight.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -84,9 +85,15 @@ class _ParsedFooters:
         with self._lock:
             self._parsed.clear()
 
+    def _after_fork(self) -> None:
+        # A lock held by another thread at the fork stays held in the child: start with a new one.
+        self._lock = threading.Lock()
+
 
 _PARSED_PER_BYTE = 8  # a parsed footer (FileMetaData) takes about this many times its serialized bytes
 PARSED_FOOTERS = _ParsedFooters(SHARED_FOOTER_BYTES)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=PARSED_FOOTERS._after_fork)
 
 
 @dataclass
