@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import streamshard as ss
-from streamshard.loader.handoff import MAX_SLOTS
+from streamshard.loader.handoff import CHUNK_BATCHES, MAX_SLOTS
 from streamshard.testing import write_corpus
 
 from resume_harness import same_batches
@@ -194,13 +194,15 @@ def test_the_slots_memory_is_reported_and_bounded_by_the_batches_in_flight(tmp_p
     path = corpus(tmp_path)
     before = ss.StreamLoader(stream(path), num_workers=2, workers="threads").slot_bytes  # other tests' live workers
     loader = ss.StreamLoader(stream(path), num_workers=2, workers="processes", persistent_workers=True)
-    largest = 0
+    largest, per_message = 0, loader.dataset._batches_a_message()
+    assert per_message == CHUNK_BATCHES  # small batches: as many a message as allowed
     for batch in loader:
         largest = max(largest, sum(v.nbytes for v in batch.values() if isinstance(v, torch.Tensor)))
     assert loader.slot_bytes > 0
     used = loader.slot_bytes - before
-    # each worker holds a few slots (4 in flight by default, one being used), each up to 1.25x a batch
-    assert used <= 2 * 8 * 1.25 * largest + 2 * 8 * 64, f"{used} bytes of slots for batches of {largest}"
+    # each worker holds a few slots (2 messages in flight by default, one being used, one the loop may
+    # hold), each up to 1.25x a message of ``per_message`` batches
+    assert used <= 2 * 4 * 1.25 * per_message * largest + 2 * 8 * 64, f"{used} bytes of slots for batches of {largest}"
 
 
 def _small_files(_worker_id):
@@ -287,3 +289,129 @@ def test_a_64_mb_dev_shm_like_dockers_delivers_every_row_and_warns_before_the_fi
                            f"exec {shlex.quote(sys.executable)} {shlex.quote(str(script))}"],
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0 and done.stdout.startswith("ok"), done.stdout + done.stderr[-3000:]
+
+
+def test_tensors_of_every_dtype_and_layout_arrive_exactly_as_sent():
+    # The slot copy goes through numpy where numpy has the dtype; the rest (bfloat16, complex, a tensor
+    # autograd tracks) through torch. Packed and unpacked in this process: the same code both sides run.
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    from streamshard.loader.handoff import WorkerSlots
+
+    generator = torch.Generator().manual_seed(0)
+    base = torch.randn(6, 5, generator=generator)
+    batch = {dtype: (base * 10).to(dtype) for dtype in (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32,
+                                                       torch.int64, torch.float16, torch.bfloat16, torch.float32,
+                                                       torch.float64, torch.complex64)}
+    batch = {str(k): v for k, v in batch.items()}
+    batch.update(strided=base.t()[1:, ::2], scalar=torch.tensor(3.5), empty=torch.zeros(0, 4, dtype=torch.int32),
+                 tracked=base.clone().requires_grad_(), text=["a", "b"])
+    slots = WorkerSlots()
+    for _ in range(2):  # a fresh slot, then the same slot again
+        got = pickle.loads(ForkingPickler.dumps(slots.wrap(dict(batch))))
+        assert list(got) == list(batch)
+        for key, value in batch.items():
+            if isinstance(value, torch.Tensor):
+                assert got[key].dtype == value.dtype and got[key].shape == value.shape, key
+                assert torch.equal(got[key], value.detach()), key
+            else:
+                assert got[key] == value
+        del got
+
+
+def test_chunks_of_batches_merge_back_into_round_robin_order_and_an_error_comes_after_the_batches_before_it():
+    """A worker process sends several batches a message (``handoff.chunks``); the loader puts them back in
+    the order of one batch a message: worker 0, 1, 2, 0, 1, 2, ... (an exhausted worker skipped), and a
+    worker's error after the batches it made before it. Messages go through pickling as the queue's would."""
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    from streamshard.loader.handoff import WorkerSlots, chunks, merged
+
+    def worker(w, n, fail_after=None):
+        for i in range(n):
+            if fail_after is not None and i == fail_after:
+                raise KeyError(f"worker {w} broke")
+            yield {"w": torch.tensor(w), "i": torch.tensor(i), "x": torch.zeros(3), "note": f"{w}.{i}"}
+
+    def data_loader(workers):  # DataLoader's order: one message from each worker in turn, an exhausted one skipped
+        sources = [chunks(w, batches, WorkerSlots(), 8, convert=False) for w, batches in enumerate(workers)]
+        while sources:
+            for source in list(sources):
+                try:
+                    message = next(source)
+                except StopIteration:
+                    sources.remove(source)
+                    continue
+                yield pickle.loads(ForkingPickler.dumps(message))
+
+    def pairs(batches):
+        return [(int(b["w"]), int(b["i"]), b["note"]) for b in batches]
+
+    got = pairs(merged(data_loader([worker(0, 50), worker(1, 50), worker(2, 49)]), 3))
+    assert got == [(w, i, f"{w}.{i}") for i in range(50) for w in range(3) if (w, i) != (2, 49)]
+    assert pairs(merged(data_loader([worker(0, 3), worker(1, 0)]), 2)) == [(0, 0, "0.0"), (0, 1, "0.1"), (0, 2, "0.2")]
+
+    got = []
+    with pytest.raises(KeyError, match="worker 1 broke"):
+        for b in merged(data_loader([worker(0, 50), worker(1, 50, fail_after=37), worker(2, 50)]), 3):
+            got.append((int(b["w"]), int(b["i"])))
+    assert got == [(w, i) for i in range(37) for w in range(3)] + [(0, 37)]
+
+
+def test_stream_loader_worker_processes_send_small_batches_several_a_message(tmp_path, monkeypatch):
+    import streamshard.loader.stream_loader as stream_loader
+
+    path = corpus(tmp_path)
+    reference = in_process(path)
+    messages = []
+    real = stream_loader.merged
+
+    def counted(items, workers):
+        def each():
+            for item in items:
+                messages.append(len(item.batches))
+                yield item
+        return real(each(), workers)
+
+    monkeypatch.setattr(stream_loader, "merged", counted)
+    got = list(ss.StreamLoader(stream(path), num_workers=2, workers="processes", pin_memory=False))
+    assert same_batches(got, reference)
+    assert sum(messages) == len(reference) and len(messages) <= len(reference) // CHUNK_BATCHES + 2 * 2
+
+
+def test_only_small_batches_share_a_message(tmp_path):
+    """The chunk size is estimated from the catalog (every worker must agree before any batch exists):
+    small batches go many a message, large ones one a message, and a row group a batch alone."""
+    small, wide = tmp_path / "small", tmp_path / "wide"
+    write_corpus(str(small), [[400, 400]])
+    write_corpus(str(wide), [[300]], min_tokens=3000, max_tokens=3000, tokens="random")
+    for path, batch_size, expected in ((small, 32, CHUNK_BATCHES), (small, None, 1), (wide, 256, 1)):
+        ds = ss.ParquetStream(str(path), batch_size=batch_size)
+        ds.set_epoch(0)
+        assert ds._batches_a_message() == expected, (path.name, batch_size)
+
+
+def _ids_and_numpy(batch):
+    return batch["id"].numpy() * 2, {"sample_id": batch["sample_id"], "text": [str(i) for i in batch["id"].tolist()]}
+
+
+def test_a_transforms_batches_arrive_as_a_plain_dataloader_delivers_them(tmp_path):
+    # A transform (worker processes) may return anything: in chunks, each batch still goes through
+    # DataLoader's default_convert (numpy -> tensor) and arrives as it would one a message.
+    path = corpus(tmp_path)
+    loader = ss.StreamLoader(_transformed(path), num_workers=2, pin_memory=False)
+    assert loader.workers == "processes"
+    got = list(loader)
+    want = list(DataLoader(_transformed(path), batch_size=None, num_workers=2))
+    assert len(got) == len(want) > CHUNK_BATCHES
+    for (ids, rest), (want_ids, want_rest) in zip(got, want):
+        assert isinstance(ids, torch.Tensor) and torch.equal(ids, want_ids)
+        assert torch.equal(rest["sample_id"], want_rest["sample_id"]) and rest["text"] == want_rest["text"]
+
+
+def _transformed(path):
+    ds = ss.ParquetStream(path, batch_size=32, shuffle=True, seed=1, rank=0, world_size=1, transform=_ids_and_numpy)
+    ds.set_epoch(0)
+    return ds

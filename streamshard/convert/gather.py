@@ -241,6 +241,8 @@ class Gatherer:
                 elif kind == "rows":
                     picked = held[key][rows[a:b], :where[j]]
                     batch[key] = torch.from_numpy(_with_zeros(picked, pad))
+                elif where[j] == held[key].shape[1] and not pad:  # as wide as the block: its rows, a view
+                    batch[key] = torch.from_numpy(held[key][a:b])
                 else:
                     batch[key] = torch.from_numpy(_with_zeros(held[key][a:b, :where[j]], pad, copy=True))
             batch[SAMPLE_ID] = torch.from_numpy(ids[a:b] if not pad else _with_minus_ones(ids[a:b], pad))

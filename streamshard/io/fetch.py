@@ -23,6 +23,7 @@ the retry deadline also cuts off a request in flight.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +34,8 @@ from typing import Any, Callable, Sequence
 import pyarrow.parquet as pq
 
 from ..errors import ReadError
-from .footer import FOOTER_PROBE_BYTES, SHARED_FOOTERS, FooterError, parse_footer, tail_range
+from ..plan.sized_lru import SizedLRU
+from .footer import FOOTER_PROBE_BYTES, SHARED_FOOTER_BYTES, SHARED_FOOTERS, FooterError, ParsedFooter, parse_footer, tail_range
 from .reader_parts import _FooterCache, _Handles, _Once
 from .retry import RetriesExhausted, RetryPolicy, TransientError, call_within, describe
 from .storage import (
@@ -53,6 +55,45 @@ Range = tuple[int, int]
 
 _VERIFY_THREADS = 4  # version checks (one HEAD per file) in flight at once per reader
 _NOTE_SECONDS = 10.0  # at most this long asking the store, after a failure, whether the file changed
+
+
+class _ParsedFooters:
+    """Footers this process parsed, by ``(file size, exact tail bytes)``: a footer's parse (a walk of its
+    thrift, every chunk checked against the schema, then pyarrow's own parse; ~1 ms for 8 row groups of
+    4 columns) is a pure function of those two, so a reader of a later pass, or another thread worker,
+    that gets the same bytes (``SHARED_FOOTERS`` hands out the very same object, whose hash Python keeps)
+    takes the parse instead of walking the footer again. Bounded by an estimate of the parsed size
+    (``_PARSED_PER_BYTE`` x the bytes); ``FileMetaData`` is read-only here, so sharing it is safe."""
+
+    def __init__(self, budget: int) -> None:
+        self._parsed: SizedLRU[tuple[int, bytes], ParsedFooter] = SizedLRU(
+            budget, lambda parsed: (_PARSED_PER_BYTE + 1) * len(parsed.tail))
+        self._lock = threading.Lock()
+
+    def parse(self, tail: bytes, size: int) -> ParsedFooter:
+        """``parse_footer(tail, size)`` for a tail that is the exact footer (``FooterError`` as it raises)."""
+        key = (int(size), bytes(tail))
+        with self._lock:
+            parsed = self._parsed.get(key)
+        if parsed is None:
+            parsed = parse_footer(key[1], size)
+            with self._lock:
+                self._parsed.put(key, parsed)
+        return parsed
+
+    def clear(self) -> None:
+        with self._lock:
+            self._parsed.clear()
+
+    def _after_fork(self) -> None:
+        # A lock held by another thread at the fork stays held in the child: start with a new one.
+        self._lock = threading.Lock()
+
+
+_PARSED_PER_BYTE = 8  # a parsed footer (FileMetaData) takes about this many times its serialized bytes
+PARSED_FOOTERS = _ParsedFooters(SHARED_FOOTER_BYTES)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=PARSED_FOOTERS._after_fork)
 
 
 @dataclass
@@ -253,7 +294,10 @@ class FileFetcher:
         """The footer in ``tail`` (a cataloged ``known`` length must match) and its exact bytes."""
         url, size = self.urls[file_index], self.sizes[file_index]
         try:
-            metadata, length, exact = parse_footer(tail, size, None if known is not None else partial(self.fetch_range, file_index))
+            if known is not None and len(tail) == known + 8:  # the exact footer: parsed once per process
+                metadata, length, exact = PARSED_FOOTERS.parse(tail, size)
+            else:
+                metadata, length, exact = parse_footer(tail, size, None if known is not None else partial(self.fetch_range, file_index))
         except FooterError as exc:
             raise ReadError(f"{url}: {exc}; did the file change since it was cataloged?") from None
         if known is not None and length != known:

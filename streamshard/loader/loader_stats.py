@@ -135,7 +135,7 @@ class LoopStats:
         ids = batch.get("sample_id") if isinstance(batch, dict) else None
         if not isinstance(ids, torch.Tensor):
             return
-        if ids.device.type == "cpu":
+        if ids.is_cpu:
             values = ids.numpy()
             # Padding rows (-1) come after a batch's rows: a batch whose last id is real has none.
             self.rows += values.size if values.ndim == 1 and values.size and values[-1] >= 0 else \

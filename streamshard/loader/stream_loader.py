@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from ..errors import StateError
-from .handoff import mapped_bytes
+from .handoff import mapped_bytes, merged
 from .loader_stats import LoopStats, WorkerTimes
 from .prefetch import DevicePrefetcher
 from ..plan.resume import Position
@@ -210,6 +210,7 @@ class _EpochSetter:
 
 
 _PROCESS_PREFETCH = 4  # batches in flight per worker process by default: +8% over 2 at 256-row batches
+_CHUNK_PREFETCH = 2  # messages in flight per worker process when each carries several batches (handoff.chunks)
 
 
 def _worker_kind(workers: str, source: Any, dataset: Any, num_workers: int, context: Any,
@@ -259,9 +260,11 @@ class StreamLoader:
             ``sampler``.
         num_workers, pin_memory, prefetch_factor, persistent_workers, multiprocessing_context,
             timeout, worker_init_fn: as for ``torch.utils.data.DataLoader``; ``pin_memory=None``
-            pins when a CUDA device is available; ``prefetch_factor=None`` keeps 4 batches in
-            flight per worker process (small batches cross processes faster with more in flight)
-            and up to 16 ready batches per thread worker (8 per unit; fewer once they pass 4 MiB each).
+            pins when a CUDA device is available; ``prefetch_factor=None`` keeps 4 messages in
+            flight per worker process (small batches cross processes faster with more in flight;
+            2 when a ``ParquetStream``'s small batches travel up to 16 a message, ~2 MiB, which
+            ``prefetch_factor`` then counts) and up to 16 ready batches per thread worker (8 per
+            unit; fewer once they pass 4 MiB each).
         sampler: an ``ElasticSampler`` over ``dataset`` (map-style datasets only). Change the
             topology by loading a state into a loader whose sampler has the new topology, not
             with ``sampler.resize``: the loader keeps the count.
@@ -320,6 +323,7 @@ class StreamLoader:
         check_int(prefetch_factor, "prefetch_factor", 1, none_ok=True)
         if prefetch_factor is not None and not self.num_workers:
             raise ValueError("prefetch_factor needs num_workers > 0 (batches are read ahead by workers)")
+        self._prefetch_given = prefetch_factor is not None
         if prefetch_factor is None and self.workers == "processes":
             prefetch_factor = _PROCESS_PREFETCH
         self._loader_args = dict(prefetch_factor=prefetch_factor, persistent_workers=bool(persistent_workers),
@@ -505,7 +509,8 @@ class StreamLoader:
                     batches = map(_pinned, batches)
         elif isinstance(self._source, _Stream):
             with self._source.stream.handing_over(origin):  # the workers' copies resume it; this process does not
-                batches = iter(self._data_loader(origin))  # worker processes hand batches over through slots
+                # worker processes hand batches over through slots, several a message, merged back in order
+                batches = merged(iter(self._data_loader(origin)), self.num_workers)
         else:
             batches = iter(self._data_loader(origin))
         if self.device is not None:
@@ -550,8 +555,11 @@ class StreamLoader:
         reusable = (self._loader is not None and self._loader_args["persistent_workers"] and fresh
                     and revision == self._loader_revision)
         if not reusable:
-            self._loader = self._source.data_loader(num_workers=self.num_workers, pin_memory=self.pin_memory,
-                                                    **self._loader_args)
+            args = dict(self._loader_args)
+            if isinstance(self._source, _Stream) and not self._prefetch_given and self.num_workers:
+                if self._source.stream._batches_a_message() > 1:  # several batches a message: fewer messages in flight
+                    args["prefetch_factor"] = _CHUNK_PREFETCH
+            self._loader = self._source.data_loader(num_workers=self.num_workers, pin_memory=self.pin_memory, **args)
             self._loader_revision = revision
         assert self._loader is not None
         return self._loader

@@ -29,6 +29,7 @@ from ..format.deletions import stored_rows
 from ..io.partitions import check_partitioning, with_partition_columns
 from ..plan.epoch_plan import ORDER_VERSION, EpochPlan, Layout, PlanConfig
 from ..io.reader import RowGroupReader, StreamedPart
+from ..loader.handoff import batches_per_message
 from ..plan.resume import Planner, Start
 from ..format.schema import parse_cast, read_as
 from .planning_room import check_planning_room
@@ -42,6 +43,7 @@ log = logging.getLogger("streamshard")
 DEFAULT_BATCH_SIZE = 256
 DEFAULT_SHUFFLE_WINDOW = 16  # row groups mixed per batch by default (benchmarks/shuffle_quality.py)
 PADDING_WARNING = 0.10  # row-group-sized batches: warn when padding exceeds this share of the steps
+_DECODED_PER_STORED = 4  # a batch's bytes in memory per stored (compressed, all columns) byte, a generous guess
 
 
 class ParquetStream(PlannedStream):
@@ -265,6 +267,20 @@ class ParquetStream(PlannedStream):
             "padding_batches": int((plan.steps - real).sum()),
             "dropped_rows": plan.dropped_rows(),
         }
+
+    def _batches_a_message(self) -> int:
+        """Batches a ``StreamLoader`` worker process sends in one message (``handoff.batches_per_message``
+        of ``batch_size`` rows at ``_row_bytes()``: the same in every worker, known before any is read);
+        one for a row group a batch."""
+        if self.config.batch_size is None:
+            return 1
+        return batches_per_message(self._row_bytes() * self.config.batch_size)
+
+    def _row_bytes(self) -> float:
+        """A row's bytes in a batch, estimated generously from the catalog: ``_DECODED_PER_STORED`` times
+        its files' stored bytes (all columns) a row."""
+        catalog = self.catalog
+        return _DECODED_PER_STORED * float(np.sum(catalog.file_sizes)) / max(int(np.sum(catalog.rg_rows)), 1)
 
     @property
     def shuffled(self) -> bool:

@@ -32,7 +32,7 @@ from .delivery import DeliveryStats
 from ..plan.elastic import Segment
 from ..errors import StateError
 from ..io.fetch import ReadStats
-from ..loader.handoff import WorkerSlots
+from ..loader.handoff import WorkerSlots, chunks
 from ..integrations.accelerate import check_pass_context
 from ..plan.resume import Planner, Position, Start, WorkerPosition
 from ..loader.shared_cell import EpochCell
@@ -56,6 +56,7 @@ class PlannedStream(IterableDataset):
         self._loads = 0  # the cell's load count when this copy's state was loaded
         self._progress: dict[str, Any] | None = None  # what this process's current pass delivered
         self._slots: WorkerSlots | None = None  # this worker process's hand-off slots (loader/handoff.py)
+        self._per_message = 0  # StreamLoader's worker processes: batches a message (0: one, as in a plain DataLoader)
         self._repeat_warned = False
         self._worker_times: Callable[[DeliveryStats], None] | None = None  # StreamLoader.stats()'s table (loader/loader_stats.py)
         self._stand: Callable[[], Any] | None = None  # weak: the StreamLoader iterating it says where it stands
@@ -369,9 +370,17 @@ class PlannedStream(IterableDataset):
             "worker_id": worker_id, "role": start.role, "skip": start.start, "delivered": start.start,
         }
         hand_off = self._hand_off(num_workers)
+        if getattr(self, "_per_message", 0) and num_workers > 0:  # StreamLoader merges the chunks back in order
+            yield from chunks(worker_id, self._counted(start, progress), self._slots, self._per_message,
+                              convert=getattr(self, "transform", None) is not None)
+            return
+        for batch in self._counted(start, progress):
+            yield batch if hand_off is None else hand_off(batch)
+
+    def _counted(self, start: Start, progress: dict[str, Any]) -> Iterator[Any]:
         for batch in self._deliver(start):
             progress["delivered"] += 1
-            yield batch if hand_off is None else hand_off(batch)
+            yield batch
 
     def _take_pending(self, worker_id: int, num_workers: int) -> Position:
         """The origin of a pass starting now; a pending loaded state is used up by it.
@@ -396,14 +405,23 @@ class PlannedStream(IterableDataset):
     @contextmanager
     def handing_over(self, origin: Position) -> Iterator[None]:
         """While DataLoader workers start (``StreamLoader``'s worker processes), their copies of this
-        stream carry ``origin`` as the state their first pass uses; this process keeps none."""
+        stream carry ``origin`` as the state their first pass uses (this process keeps none), and send
+        their batches ``_batches_a_message()`` at a time, which ``StreamLoader`` puts back in order
+        (``handoff.merged``)."""
         if not origin.fresh:
             self._pending, self._pending_here = origin, False
             self._loads = self._cell.record_load()
+        self._per_message = self._batches_a_message()
         try:
             yield
         finally:
-            self._pending = None
+            self._pending, self._per_message = None, 0
+
+    def _batches_a_message(self) -> int:
+        """Batches a worker process sends ``StreamLoader`` in one message (``loader/handoff.py``'s
+        chunks): the same number in every worker, decided before they start. One here; a stream that
+        can tell its batches are small sends more."""
+        return 1
 
     def worker_passes(self, num_workers: int, origin: Position) -> list[Iterator[Any]]:
         """This rank's pass from ``origin`` as ``num_workers`` workers in this process (``StreamLoader``'s
