@@ -259,7 +259,8 @@ class StreamLoader:
       state is resumed by the next pass only (docs/concepts.md, "Passes and epochs").
     * ``len(loader)``: this rank's epoch in batches as frameworks count it (torchdata's
       ``StatefulDataLoader``, Lightning): the batches a loaded state says were consumed before, plus
-      the pass's; constant through the epoch. ``batches_left()``: what is still to come.
+      the pass's; constant through the epoch (a stream that is not ``sized``, raw text counted
+      beside training, has none: ``TypeError``). ``batches_left()``: what is still to come.
     * ``state_dict()``: a small JSON dict, the same on every rank of a synchronous job;
       ``load_state_dict(state)`` on any world size and worker count delivers the rest of the
       epoch exactly once, with equal steps on every rank (map-style: exactly once apart from the
