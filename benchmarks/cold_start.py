@@ -7,6 +7,9 @@ bytes. Rows, each on a fresh ``StreamLoader(num_workers=2)`` (thread workers):
 * ``cold: first batch``: seconds from making the loader to holding its first batch, the count cache empty;
 * ``cold: epoch``: that same epoch to its end with a simulated ``STEP_S`` training step per batch
   (``time.sleep``, which releases the GIL as a GPU step's wait does), and the share of it the loop waited;
+* ``cold: stage edges``: of that epoch's waits, those for the first batch of each worker in every stage
+  plan after the first (where read-ahead stops until the stage is counted): their sum, their share of
+  the epoch, and the longest (staged versions only);
 * ``warm: first batch``: a new loader over the same corpus once the cache holds every count.
 
 Every token is delivered once (checked). Run it with any version of the package (``PYTHONPATH``): it
@@ -67,9 +70,12 @@ def main() -> None:
     staged = "first_stage_bytes" in inspect.signature(ss.PackedStream).parameters
     compressed = sum(os.path.getsize(os.path.join(data, f)) for f in os.listdir(data))
 
+    made: list = []
+
     def loader() -> ss.StreamLoader:
         ps = ss.PackedStream(ss.ParquetStream(data, catalog_cache=cache), column="text", seq_len=SEQ,
                              batch_size=BATCH, tokenizer=tok, eos_id=EOS)
+        made.append(ps)
         return ss.StreamLoader(ps, num_workers=2)
 
     rows: dict[str, dict[str, float]] = {}
@@ -77,12 +83,13 @@ def main() -> None:
     it = iter(loader())
     first = next(it)
     rows["cold: first batch"] = {"seconds": time.perf_counter() - t0}
-    tokens, waited, steps = int((first["sample_id"] >= 0).sum()), 0.0, 1
+    tokens, waited, steps, waits = int((first["sample_id"] >= 0).sum()), 0.0, 1, [rows["cold: first batch"]["seconds"]]
     while True:
         time.sleep(STEP_S)
         w0 = time.perf_counter()
         batch = next(it, None)
         waited += time.perf_counter() - w0
+        waits.append(time.perf_counter() - w0)
         if batch is None:
             break
         tokens += int((batch["sample_id"] >= 0).sum())
@@ -91,6 +98,11 @@ def main() -> None:
     assert tokens == total, (tokens, total)
     rows["cold: epoch"] = {"seconds": seconds, "steps": steps, "stall": (waited + rows["cold: first batch"]["seconds"])
                            / seconds}
+    edges = stage_edges(made[0], 2) if staged else []
+    if staged:
+        at_edges = [waits[i] for i in edges if i < len(waits)]
+        rows["cold: stage edges"] = {"seconds": sum(at_edges), "stall": sum(at_edges) / seconds, "edges": len(edges),
+                                     "longest": max(at_edges, default=0.0)}
     t0 = time.perf_counter()
     next(iter(loader()))
     rows["warm: first batch"] = {"seconds": time.perf_counter() - t0}
@@ -103,13 +115,25 @@ def main() -> None:
     print(f"{'row':<22} {'seconds':>9} {'stall':>7}")
     for label, row in rows.items():
         stall = f"{row['stall']:.0%}" if "stall" in row else ""
-        print(f"{label:<22} {row['seconds']:>9.2f} {stall:>7}")
+        more = f"  ({row['edges']} edges, longest {row['longest']:.2f} s)" if "edges" in row else ""
+        print(f"{label:<22} {row['seconds']:>9.2f} {stall:>7}{more}")
     result = {"commit": commit, "staged": staged, "docs": args.docs, "tokens": total, "parquet_bytes": compressed,
               "seq_len": SEQ, "batch_size": BATCH, "step_s": STEP_S, "cpus": os.cpu_count(), "rows": rows}
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump(result, f, indent=1)
     print(f"wrote {args.json}")
+
+
+def stage_edges(ps: ss.PackedStream, num_workers: int) -> list[int]:
+    """The loop's batch indices (the first batch is 0) of each worker's first batch in every stage plan
+    after the first: the loader hands batches round robin over its workers."""
+    from streamshard.plan.packing_stages import StagePlans
+
+    planner = ps.planner
+    plans = StagePlans(planner.stages(0), planner.counts, planner.config, 0, num_workers)
+    plans.steps  # every plan built (the counts are all in hand after the epoch)
+    return [start * num_workers + w for start in plans.starts[1:-1] for w in range(num_workers)]
 
 
 if __name__ == "__main__":

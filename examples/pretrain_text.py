@@ -6,9 +6,9 @@ Writes a small Parquet corpus of raw ``text`` (no token column), trains a BPE to
 the ``tokenizers`` library, and streams it with ``ss.PackedStream(source, column="text",
 tokenizer=tok, eos_id=...)``: the first ``set_epoch`` counts the tokens of the epoch's first stage
 of row groups and a background thread the rest (each row group once, kept in the catalog cache
-directory, so the resumed run below starts warm; ``len(loader)`` waits for the whole count), then the
-loader's thread
-workers tokenize beside training and pack into [4, 128] batches. A bigram model trains on
+directory, so the resumed run below starts warm; a text pack has no ``len()``, which frameworks would
+ask before the first step, and ``ps.epoch_length(num_workers)`` waits for the whole count), then the
+loader's thread workers tokenize beside training and pack into [4, 128] batches. A bigram model trains on
 next-token pairs inside one document (``sample_id`` equal). Halfway through the epoch the loader's
 state is saved as JSON and a fresh stream and loader resume from it. At the end the example checks
 that every token of every document was trained on exactly once, in order, EOS included.
@@ -104,7 +104,7 @@ def main() -> None:
         ps.set_epoch(0)  # cold: counts the first stage's row groups (the rest in the background; all cached)
         cold = time.perf_counter() - start
         loader = ss.StreamLoader(ps, num_workers=2)
-        total = len(loader)
+        total = ps.epoch_length(num_workers=2)  # exact: waits for the background count
         losses = [consume(b) for b in itertools.islice(loader, total // 2)]
         checkpoint = json.dumps(loader.state_dict())  # preemption: the data state goes with the model's
         print(f"{ps.num_tokens:,} tokens counted in {cold:.2f} s (cold); {total} batches of {BATCH}x{SEQ}; "

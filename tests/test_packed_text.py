@@ -148,17 +148,17 @@ def test_padding_is_under_one_percent_on_a_corpus_of_many_batches(tmp_path):
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_stream_loader_resumes_a_text_pack_exactly(corpus, num_workers):
     path, _ = corpus
-    check_loader_resume(lambda: text_pack(path, 1, 2), num_workers, stops=[1, 3, 10_000], epoch=1)
+    check_loader_resume(lambda: text_pack(path, 1, 2, sized=True), num_workers, stops=[1, 3, 10_000], epoch=1)
 
 
 def test_statefuldataloader_resumes_a_text_pack(corpus):
     path, _ = corpus
-    check_stateful_resume(lambda: text_pack(path, 0, 2), 2, stops=[1, 4], epoch=1)
+    check_stateful_resume(lambda: text_pack(path, 0, 2, sized=True), 2, stops=[1, 4], epoch=1)
 
 
 def test_a_text_pack_resumes_elastically_2x2_to_3x1(corpus):
     path, _ = corpus
-    check_elastic_resume(lambda rank, world: text_pack(path, rank, world), [(2, 2, 2), (3, 1, None)])
+    check_elastic_resume(lambda rank, world: text_pack(path, rank, world, sized=True), [(2, 2, 2), (3, 1, None)])
 
 
 def test_a_blend_of_text_corpora_delivers_each_corpus_epoch_once(tmp_path):

@@ -11,6 +11,7 @@ import threading
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 import streamshard as ss
 from resume_harness import check_elastic_resume, check_loader_resume, same_batches
@@ -27,10 +28,11 @@ def staged_corpus(tmp_path_factory):
     return str(root / "c"), texts
 
 
-def staged_pack(path, rank=0, world=1, tokenizer=None, cache=None):
+def staged_pack(path, rank=0, world=1, tokenizer=None, cache=None, sized=None):
     source = ss.ParquetStream(path, shuffle=True, seed=3, rank=rank, world_size=world, catalog_cache=cache)
     return ss.PackedStream(source, column="text", seq_len=SEQ, batch_size=BATCH, bos_id=BOS, eos_id=EOS,
-                           tokenizer=tokenizer if tokenizer is not None else word_level(), first_stage_bytes=FIRST)
+                           tokenizer=tokenizer if tokenizer is not None else word_level(), first_stage_bytes=FIRST,
+                           sized=sized)
 
 
 def plan_bounds(ps, world, workers):
@@ -158,14 +160,14 @@ def test_resume_mid_stage_and_across_a_stage_boundary(staged_corpus):
     path, _ = staged_corpus
     bounds = plan_bounds(staged_pack(path, 1, 2), 2, 2)
     stops = [bounds[1] - 1, bounds[1], bounds[1] + 1, (bounds[1] + bounds[2]) // 2]
-    check_loader_resume(lambda: staged_pack(path, 1, 2), 2, stops=stops, random_stops=1)
+    check_loader_resume(lambda: staged_pack(path, 1, 2, sized=True), 2, stops=stops, random_stops=1)
 
 
 def test_elastic_resume_2x2_to_3x1_at_and_inside_a_stage(staged_corpus):
     path, _ = staged_corpus
     bounds = plan_bounds(staged_pack(path, 0, 2), 2, 2)
     for k in (bounds[1], bounds[1] + 1):
-        check_elastic_resume(lambda rank, world: staged_pack(path, rank, world), [(2, 2, k), (3, 1, None)])
+        check_elastic_resume(lambda rank, world: staged_pack(path, rank, world, sized=True), [(2, 2, k), (3, 1, None)])
 
 
 def test_a_warm_start_gives_the_cold_batches_and_takes_the_cold_state(staged_corpus, tmp_path, caplog):
@@ -248,3 +250,59 @@ def test_first_stage_bytes_where_nothing_is_counted_in_stages_is_an_error(staged
                         eos_id=EOS, first_stage_bytes=FIRST)
     with pytest.raises(ValueError, match="first_stage_bytes.*token column"):
         ss.PackedStream(text, column="text", seq_len=SEQ, batch_size=BATCH, first_stage_bytes=FIRST)
+
+
+def test_a_text_stream_has_no_len_so_frameworks_need_no_count_and_sized_true_waits_for_the_exact_one(
+        staged_corpus, tmp_path):
+    """``len()`` is how Lightning and ``DataLoader`` ask for the epoch before the first step: a raw-text
+    stream answers ``TypeError`` (no length; counting nothing, warm or cold, so every rank answers
+    alike); ``epoch_length`` and ``sized=True`` wait for the whole count and give the exact number."""
+    path, _ = staged_corpus
+    tok = GatedCounting(free=first_stage_texts(path))  # a count of a later stage waits (and records it)
+    ps = staged_pack(path, tokenizer=tok)
+    loader = ss.StreamLoader(ps, num_workers=2, workers="threads")
+    plain = torch.utils.data.DataLoader(ps, batch_size=None, num_workers=0)
+    for sized_thing in (ps, loader, plain):
+        with pytest.raises(TypeError, match=r"epoch_length\(num_workers=N\).*sized=True"):
+            len(sized_thing)
+    loader.set_epoch(0)
+    with pytest.raises(TypeError):
+        len(loader)
+    assert not ps.planner.counts.counted(ps.planner.stages(0).order) and not tok.timed_out, "len() counted"
+    tok.opened.set()
+    delivered = list(loader)
+    assert ps.epoch_length(num_workers=2) == len(delivered), "epoch_length waits for the count: exact"
+    cache = str(tmp_path / "cache")
+    list(ss.StreamLoader(staged_pack(path, cache=cache), num_workers=2))
+    with pytest.raises(TypeError):  # warm: still none (the answer never depends on what a cache holds)
+        len(ss.StreamLoader(staged_pack(path, cache=cache), num_workers=2))
+    sized = ss.StreamLoader(staged_pack(path, sized=True), num_workers=2)
+    assert len(sized) == len(delivered) == len(list(sized))
+    with pytest.raises(ValueError, match="sized must be True, False or None"):
+        ss.PackedStream(ss.ParquetStream(path), column="text", tokenizer=word_level(), sized="yes")
+    with pytest.raises(ValueError, match="sized=False is for a single raw-text corpus"):
+        ss.PackedStream(ss.BlendedStream({"a": ss.ParquetStream(path), "b": ss.ParquetStream(path)}, {"a": 1.0, "b": 1.0}, 4),
+                        column="text", tokenizer=word_level(), sized=False)
+
+
+def test_a_framework_that_reads_ahead_saves_the_state_of_what_it_trained(staged_corpus):
+    """Lightning reads one batch ahead of training from a loader without a length, then sets the epoch it
+    already started: the pass goes on, and ``state_dict(unconsumed=1)`` is the state before that batch."""
+    path, _ = staged_corpus
+    reference = list(ss.StreamLoader(staged_pack(path), num_workers=2, workers="threads"))
+    loader = ss.StreamLoader(staged_pack(path), num_workers=2, workers="threads")
+    it = iter(loader)
+    got = [next(it)]  # the framework's read-ahead, before it says which epoch it starts
+    loader.sampler.set_epoch(0)  # the epoch already running: its loop goes on
+    got += [next(it) for _ in range(4)]
+    trained = loader.state_dict(unconsumed=1)  # 5 handed out, 4 trained
+    with pytest.raises(ValueError, match="unconsumed=6"):
+        loader.state_dict(unconsumed=6)
+    got += list(it)
+    assert same_batches(got, reference)
+    resumed = ss.StreamLoader(staged_pack(path), num_workers=2, workers="threads")
+    resumed.load_state_dict(trained)
+    assert same_batches(list(resumed), reference[4:])
+    again = list(loader)  # the next epoch, then a framework's set_epoch of a finished pass's epoch restarts it
+    loader.sampler.set_epoch(1)
+    assert same_batches(list(loader), again)

@@ -32,6 +32,7 @@ from .loader_stats import LoopStats, WorkerTimes
 from .prefetch import DevicePrefetcher
 from ..plan.resume import Position
 from ..streams.sampler import ElasticSampler
+from ..streams.stream_base import unsized_message
 from .thread_workers import round_robin
 from ..plan.validate import check_bool, check_int
 
@@ -196,6 +197,7 @@ class _Pass:
     origin: Any
     consumed: int = 0
     restart: bool = False  # ``skip()`` or a new plan (set_weights) moved it on: a loop iterating it restarts
+    superseded: bool = False  # a framework set its epoch while it ran: its loop goes on, a new one starts afresh
 
 
 class _EpochSetter:
@@ -206,7 +208,16 @@ class _EpochSetter:
         self._loader = loader
 
     def set_epoch(self, epoch: int) -> None:
-        self._loader.set_epoch(epoch)
+        """The loader's ``set_epoch``, except while a pass of ``epoch`` runs: a framework that reads a
+        batch before it says which epoch it starts (Lightning, when a loader has no length, reads one
+        ahead in its setup and then calls this) means that pass. Its loop goes on; a new iteration
+        starts the epoch from its beginning, as after ``set_epoch``."""
+        loader = self._loader
+        running = loader._pass
+        if running is not None and running.epoch == epoch == loader.epoch and not running.restart:
+            running.superseded = True
+            return
+        loader.set_epoch(epoch)
 
 
 _PROCESS_PREFETCH = 4  # batches in flight per worker process by default: +8% over 2 at 256-row batches
@@ -249,7 +260,8 @@ class StreamLoader:
       state is resumed by the next pass only (docs/concepts.md, "Passes and epochs").
     * ``len(loader)``: this rank's epoch in batches as frameworks count it (torchdata's
       ``StatefulDataLoader``, Lightning): the batches a loaded state says were consumed before, plus
-      the pass's; constant through the epoch. ``batches_left()``: what is still to come.
+      the pass's; constant through the epoch (a stream that is not ``sized``, raw text counted
+      beside training, has none: ``TypeError``). ``batches_left()``: what is still to come.
     * ``state_dict()``: a small JSON dict, the same on every rank of a synchronous job;
       ``load_state_dict(state)`` on any world size and worker count delivers the rest of the
       epoch exactly once, with equal steps on every rank (map-style: exactly once apart from the
@@ -366,7 +378,10 @@ class StreamLoader:
         """This rank's epoch in batches as a framework counts them, constant through the epoch: the
         batches a loaded state says were consumed before, plus those of the pass that resumes it
         (a fresh epoch: all of its batches). torchdata's ``StatefulDataLoader`` and Lightning's loops
-        take ``len`` as the whole epoch and count a resumed epoch from their restored batch index."""
+        take ``len`` as the whole epoch and count a resumed epoch from their restored batch index.
+        A stream that is not ``sized`` (raw text counted beside training) has none: ``TypeError``."""
+        if isinstance(self._source, _Stream) and not getattr(self._source.stream, "sized", True):
+            raise TypeError(unsized_message(self._source.stream))
         origin = self._next_origin(advance=False)
         return self._source.batches_before(origin) + self._source.pass_batches(origin, self.num_workers)
 
@@ -378,10 +393,19 @@ class StreamLoader:
         return self._source.pass_batches(origin, self.num_workers) - consumed
 
     # -- checkpoint ---------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, unconsumed: int = 0) -> dict[str, Any]:
         """Where this rank is: the state after the batches this loader handed out (after the last
-        batch of an epoch: the start of the next epoch)."""
+        batch of an epoch: the start of the next epoch). ``unconsumed``: the last batches handed out
+        that training has not consumed yet (a framework that reads ahead: Lightning reads one batch
+        ahead of training from a loader without a length; ``ElasticResume`` passes it), counted as
+        not handed out: a resume delivers them again."""
         self._follow_dataset_epoch()
+        unconsumed = check_int(unconsumed, "unconsumed", 0)
+        if unconsumed:
+            if self._pass is None or unconsumed > self._pass.consumed:
+                raise ValueError(f"unconsumed={unconsumed}, but the running pass handed out "
+                                 f"{0 if self._pass is None else self._pass.consumed} batches")
+            return self._source.state_after(self._pass.origin, self._pass.consumed - unconsumed, self.num_workers)
         if self._pass is not None:
             return self._source.state_after(self._pass.origin, self._pass.consumed, self.num_workers)
         return self._source.state_after(self._source.origin(), 0, self.num_workers)
@@ -538,7 +562,7 @@ class StreamLoader:
         origin ``len()`` counts from."""
         self._follow_dataset_epoch()
         last = self._pass
-        if last is None:
+        if last is None or (advance and last.superseded):
             return self._source.take_origin() if advance else self._source.origin()
         if not advance:  # len(): the epoch of the running (or last) pass, counted from its beginning
             return last.origin

@@ -90,8 +90,12 @@ class PackedStream(WeightSteering, PlannedStream):
     leftover tokens carried into the next stage; only the epoch's last batches pad). ``set_epoch``
     counts the first stage (split over the ranks of an initialised process group, with a progress
     bar on a terminal) and a background thread counts the others while training runs; a stage not
-    counted when training reaches it is counted then. ``len()`` needs every stage counted and waits
-    for it. Counts are kept in the source's ``catalog_cache`` directory, keyed by file version and
+    counted when training reaches it is counted then. Such a stream has no ``len()`` (a
+    ``TypeError``, as for any iterable dataset without a length, whether its counts are cached or
+    not: every rank answers alike), so a framework that asks for it before the first step (Lightning)
+    runs the epoch to its end instead of waiting for the whole count; ``epoch_length(num_workers)``
+    waits for the count and gives the exact number, and ``sized=True`` makes ``len()`` do that.
+    Counts are kept in the source's ``catalog_cache`` directory, keyed by file version and
     tokenizer identity, so a warm start reads one JSON file (``io/token_count_cache.py``) and plans the
     same stages, hence the same batches. A single-corpus pack only: a blend of text corpora needs
     every corpus's total to blend, so it counts everything first. Reading tokenizes again on the
@@ -116,13 +120,17 @@ class PackedStream(WeightSteering, PlannedStream):
         first_stage_bytes: with ``tokenizer``, the compressed bytes of text (from the footers) in an
             epoch's first counting stage, which ``set_epoch`` counts before the first step. Part of
             the order (states record it).
+        sized: with ``tokenizer`` (a single corpus), whether ``len()`` is defined: None or False (the
+            default), no length, so training starts after the first stage; True, ``len()`` waits for
+            the whole count and gives the exact number (a framework's progress total, Lightning's
+            ``estimated_stepping_batches``). Other packs always have a length (False is refused).
     """
 
     def __init__(self, source: ParquetStream | BlendedStream, column: str = "input_ids", seq_len: int = 2048,
                  batch_size: int = 8, columns: Sequence[str] = (),
                  transform: Callable[[Batch], Any] | None = None, tokenizer: Any = None,
                  bos_id: int | None = None, eos_id: int | None = None, tokenizer_name: str | None = None,
-                 first_stage_bytes: int = FIRST_STAGE_BYTES) -> None:
+                 first_stage_bytes: int = FIRST_STAGE_BYTES, sized: bool | None = None) -> None:
         super().__init__()
         if not isinstance(source, (ParquetStream, BlendedStream)):
             raise ValueError(f"PackedStream packs a ParquetStream or a BlendedStream; got {type(source).__name__}")
@@ -156,10 +164,23 @@ class PackedStream(WeightSteering, PlannedStream):
             raise ValueError("first_stage_bytes sizes the first counted stage of a single raw-text corpus "
                              "(tokenizer=); " + ("a blend of text corpora is counted whole before its first step"
                                                  if self.text is not None else "a token column needs no counting"))
+        if sized is not None and not isinstance(sized, bool):
+            raise ValueError(f"sized must be True, False or None, got {sized!r}")
+        if sized is False and not self._staged:
+            raise ValueError("sized=False is for a single raw-text corpus (tokenizer=), whose length needs its whole "
+                             "token count; this pack's length is known before its first step")
+        self._sized = sized is not False if not self._staged else bool(sized)
         self._counts: StageCounts | None = None  # staged: tokens per row group, filled a stage at a time
         self._stages: tuple[int, Stages] | None = None  # staged: the last epoch's stages
         self._counter: threading.Thread | None = None  # staged: the thread counting the later stages
         self._init_steering()
+
+    @property
+    def sized(self) -> bool:
+        """Whether ``len()`` is defined: False for a raw-text corpus unless ``sized=True`` (its length
+        needs every stage counted, so a framework that asks for it before the first step would wait
+        for the whole count; without a length it runs the epoch to its end)."""
+        return self._sized
 
     @property
     def holds_gil(self) -> bool:

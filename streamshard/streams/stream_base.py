@@ -162,12 +162,21 @@ class PlannedStream(IterableDataset):
         origin = self.origin()
         return self.batches_before(origin) + self.pass_batches(origin, num_workers)
 
+    @property
+    def sized(self) -> bool:
+        """Whether ``len()`` is defined (a raw-text ``PackedStream`` has none unless asked: its length
+        needs the whole token count)."""
+        return True
+
     def __len__(self) -> int:
         """``epoch_length`` for the worker count it is iterated with (a DataLoader's ``len``).
 
         Known inside a DataLoader worker, or once a pass has started; otherwise a ``TypeError``
-        says how to ask (never a guess: the count depends on ``num_workers``).
+        says how to ask (never a guess: the count depends on ``num_workers``). A stream that is not
+        ``sized`` raises ``TypeError`` always (frameworks then run the epoch to its end).
         """
+        if not self.sized:
+            raise TypeError(unsized_message(self))
         worker_id, num_workers = current_worker()
         if num_workers == 0:
             num_workers = self._cell.workers
@@ -472,3 +481,11 @@ class PlannedStream(IterableDataset):
             # launcher pickles the module before its children know their ranks).
             state["_topology"] = self.topology
         return state
+
+
+def unsized_message(stream: Any) -> str:
+    """What ``len()`` of a stream without a length says (a ``TypeError``: frameworks take it as no length)."""
+    return (f"this {type(stream).__name__} has no len(): its length needs the whole token count of the text, "
+            "counted beside training (a framework without a length runs the epoch to its end); "
+            "stream.epoch_length(num_workers=N) waits for the count and gives the exact number, and "
+            "PackedStream(..., sized=True) makes len() wait for it")
