@@ -20,6 +20,7 @@ from ..convert.batches import CORPUS
 from .dataset import ParquetStream
 from .delivery import deliver
 from ..io.fetch import ReadStats
+from ..loader.handoff import batches_per_message
 from ..loader.loader_stats import sum_reads
 from ..io.reader import RowGroupReader
 from ..plan.resume import Planner, Start
@@ -141,6 +142,10 @@ class BlendedStream(WeightSteering, PlannedStream):
                    for name, ds in zip(self.names, self.datasets)]
         return {"corpora": corpora, "weights": self.weights.tolist(), "batch_size": self.batch_size,
                 "seed": self.seed, "num_samples": self.num_samples, "stop": self.stop, "order": self.order}
+
+    def _batches_a_message(self) -> int:
+        """``PlannedStream._batches_a_message``: ``batch_size`` rows of the widest corpus's estimate."""
+        return batches_per_message(max(ds._row_bytes() for ds in self.datasets) * self.batch_size)
 
     def _steer_spec(self) -> SteerSpec:
         return SteerSpec(self.names, self.weights, self.num_samples, self.order, self.seed, self.sizes)

@@ -19,6 +19,7 @@ import torch
 
 from ..plan.batch_plan import BatchSpec, Read, Schedule, StreamSchedule
 from .blend import BlendedStream
+from ..loader.handoff import batches_per_message
 from .planning_room import check_planning_room
 from ..plan.blend_plan import BlendMap, CorpusOrder, blend_length, position_config, position_layout
 from ..plan.blend_schedule import blend_counts
@@ -242,6 +243,12 @@ class PackedStream(WeightSteering, PlannedStream):
     @property
     def shuffled(self) -> bool:
         return self.source.shuffled
+
+    def _batches_a_message(self) -> int:
+        """``PlannedStream._batches_a_message``: a batch is ``batch_size x seq_len`` tokens of at most 8 bytes
+        in each of its keys (the packed columns, ``position_ids``, ``sample_id``; ``corpus`` in a blend)."""
+        keys = len(self.columns) + 2 + (self.blend is not None)
+        return batches_per_message(8.0 * keys * self.batch_size * self.seq_len)
 
     @property
     def planner(self) -> Planner | StagedPlanner:  # type: ignore[override]
