@@ -168,7 +168,9 @@ def main() -> None:
                     config = {"path": path, "rows": args.rows, "shuffle": shuffle, "loader": loader, "workers": 2,
                               "batch_size": args.batch_size, "src": args.src}
                     # PYTHONPATH, not sys.path: processes the loader starts import the same checkout.
-                    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [args.src, os.environ.get("PYTHONPATH")]))}
+                    # Without --src, this checkout (not whichever streamshard the interpreter would import).
+                    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [args.src or str(ROOT),
+                                                                                     os.environ.get("PYTHONPATH")]))}
                     done = subprocess.run([sys.executable, __file__, "--child", json.dumps(config)],
                                           capture_output=True, text=True, env=env)
                     if done.returncode != 0:
