@@ -7,7 +7,8 @@ over. Here each piece (a record batch of the part, as it is decoded) is converte
 appended to growing flat columns, and let go before the next is decoded: the worker holds the part
 once, in the flat form batches gather from, plus one piece. The columns grow by ``realloc`` (for
 arrays this large glibc moves pages rather than copying them) from a size estimated from the
-rows already seen, and are cut to their size at the end.
+rows already seen, and are cut to their size at the end. A wide part comes in passes over subsets of
+its columns (``reader.column_passes``): each pass is converted the same way into its own columns.
 """
 
 from __future__ import annotations

@@ -13,8 +13,10 @@ bytes buffered over all columns), and only the rows asked for (``rows=``) are ke
 returns such a group as a ``StreamedPart`` whose record batches are decoded as it is iterated:
 delivery converts each one as it comes and lets it go (``convert/part_convert.py``), so a worker that owns
 part of a huge row group holds its part once plus one record batch, not the whole group, its
-compressed bytes, or its part in Arrow as well. ``read`` joins the same pieces into a table. Small
-groups (the common case) keep the one-round whole-group read.
+compressed bytes, or its part in Arrow as well. pyarrow holds the page it is in for every column it
+decodes, so a wide group is decoded in passes over subsets of its columns (``column_passes``), one
+subset's pages held at a time. ``read`` joins the same pieces into a table. Small groups (the common
+case) keep the one-round whole-group read.
 """
 
 from __future__ import annotations
@@ -301,8 +303,7 @@ class RowGroupReader:
             raise ReadError(f"{self.urls[file_index]}: row group {row_group} has {total} rows, "
                             f"asked for rows {int(rows[0])}..{int(rows[-1])}; did the file change?")
         unit = int96.read_unit(metadata, self.schema)
-        file_schema = metadata.schema.to_arrow_schema()
-        names = list(self.columns) if self.columns is not None else list(file_schema.names)
+        names = list(self.columns) if self.columns is not None else list(metadata.schema.to_arrow_schema().names)
         expected = total if rows is None else len(rows)
         part = estimate * expected // max(total, 1)
         combine = max(_COMBINE_BYTES, part // _PART_CHUNKS)  # for ``StreamedPart.table``
