@@ -94,7 +94,7 @@ def convert_part(part: Iterable[Iterable[tuple[pa.Table, np.ndarray | None]]], r
                 else:
                     texts.setdefault(key, []).extend(value)
             columns = None  # noqa: F841
-        if names is not None and seen != rows:
+        if names and seen != rows:
             raise AssertionError(f"a streamed part held {seen} rows, announced {rows}")  # the reader checks this
         done.update(names or ())
     out: dict[str, Any] = {}
