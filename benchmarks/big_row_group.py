@@ -10,7 +10,9 @@ worker's peak RSS (``VmHWM`` from ``/proc/self/status``, read inside the worker 
 ``transform`` after every batch), wall time, and whether every row came exactly once. With
 ``--loaders process`` there are no workers: one process reads the second of two shares (rank 1 of 2,
 which decodes the whole group) and reports its CPU seconds (Arrow's threads included): speed compared
-where the wall times of worker processes on a shared machine are noise.
+where the wall times of worker processes on a shared machine are noise. ``--groups N`` writes N such
+files (one group each) and ``--read-ahead`` sets ``read_ahead``: what a worker holds when its next
+reads are parts of other huge groups.
 
 Each configuration runs in a fresh process, so ``--src`` can point at another checkout (a git
 worktree of an older commit) to measure "before" with the same script:
@@ -27,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -108,6 +111,7 @@ def run_child(config: dict[str, Any]) -> dict[str, Any]:
 
     in_process = config["loader"] == "process"  # no workers: this process reads the second of two shares
     ds = ss.ParquetStream(config["path"], batch_size=config["batch_size"], shuffle=config["shuffle"], seed=1,
+                          read_ahead=config["read_ahead"],
                           transform=record_peak, **({"rank": 1, "world_size": 2} if in_process else {}))
     ds.set_epoch(0)  # the parent takes the catalog; workers use its snapshot
     workers = config["workers"]
@@ -158,6 +162,8 @@ def main() -> None:
     parser.add_argument("--loaders", default="StreamLoader,DataLoader",
                         help="also 'process': no workers, this process reads the second of two shares (CPU seconds)")
     parser.add_argument("--batch-size", type=int, default=2048)
+    parser.add_argument("--groups", type=int, default=1, help="files of one such row group each (x the group: one)")
+    parser.add_argument("--read-ahead", type=int, default=2, help="ParquetStream(read_ahead=)")
     parser.add_argument("--quick", action="store_true", help="100k rows (205 MB decoded), list shape only")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -168,18 +174,23 @@ def main() -> None:
         args.rows, args.shapes = 100_000, "list"
     load_start = os.getloadavg()
     results, files = [], {}
-    print(f"one row group of {args.rows:,} rows x {WIDTH} int32, 2 workers; src {args.src or ROOT}; "
+    print(f"{args.groups} x one row group of {args.rows:,} rows x {WIDTH} int32, 2 workers, read_ahead "
+          f"{args.read_ahead}; src {args.src or ROOT}; "
           f"load average {load_start}", flush=True)
     header = f"{'shape':<6}{'loader':<14}{'shuffle':<9}{'worker peak RSS (MiB)':>60}{'parent':>9}{'wall s':>9}  exactly once"
     lines = [header]
     print(header, flush=True)
     with tempfile.TemporaryDirectory(prefix="big_row_group-") as tmp:
         for shape in args.shapes.split(","):
-            path = os.path.join(tmp, f"{shape}.parquet")
-            files[shape] = write_file(path, args.rows, shape)
+            path = os.path.join(tmp, shape)  # a directory of --groups files, each one such row group
+            os.makedirs(path)
+            files[shape] = write_file(os.path.join(path, "part-0.parquet"), args.rows, shape)
+            for g in range(1, args.groups):
+                shutil.copyfile(os.path.join(path, "part-0.parquet"), os.path.join(path, f"part-{g}.parquet"))
             for loader in args.loaders.split(","):
                 for shuffle in (False, True):
-                    config = {"path": path, "rows": args.rows, "shuffle": shuffle, "loader": loader, "workers": 2,
+                    config = {"path": path, "rows": args.rows * args.groups, "shuffle": shuffle, "loader": loader,
+                              "workers": 2, "read_ahead": args.read_ahead,
                               "batch_size": args.batch_size, "src": args.src}
                     # PYTHONPATH, not sys.path: processes the loader starts import the same checkout.
                     # Without --src, this checkout (not whichever streamshard the interpreter would import).
@@ -205,7 +216,7 @@ def main() -> None:
                     results.append({"shape": shape, "loader": loader, "shuffle": shuffle, **result})
                     lines.append(line)
                     print(line, flush=True)
-            os.remove(path)
+            shutil.rmtree(path)
     for shape, sizes in files.items():
         estimate = sizes["inspect_estimate_bytes"]
         note = (f"{shape}: decoded {sizes['decoded_bytes'] / MIB:,.0f} MiB, footer encoded {sizes['encoded_bytes'] / MIB:,.0f}"
