@@ -7,7 +7,12 @@ encoded size is ~3x below the decoded size, as in issue 11. Then, for each shape
 without shuffle, through ``ss.StreamLoader(ds, num_workers=2)`` and through a plain
 ``DataLoader(ds, batch_size=None, num_workers=2)``, it reads the epoch and records each
 worker's peak RSS (``VmHWM`` from ``/proc/self/status``, read inside the worker by a
-``transform`` after every batch), wall time, and whether every row came exactly once.
+``transform`` after every batch), wall time, and whether every row came exactly once. With
+``--loaders process`` there are no workers: one process reads the second of two shares (rank 1 of 2,
+which decodes the whole group) and reports its CPU seconds (Arrow's threads included): speed compared
+where the wall times of worker processes on a shared machine are noise. ``--groups N`` writes N such
+files (one group each) and ``--read-ahead`` sets ``read_ahead``: what a worker holds when its next
+reads are parts of other huge groups.
 
 Each configuration runs in a fresh process, so ``--src`` can point at another checkout (a git
 worktree of an older commit) to measure "before" with the same script:
@@ -24,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -103,13 +109,21 @@ def run_child(config: dict[str, Any]) -> dict[str, Any]:
 
     import streamshard as ss
 
+    in_process = config["loader"] == "process"  # no workers: this process reads the second of two shares
     ds = ss.ParquetStream(config["path"], batch_size=config["batch_size"], shuffle=config["shuffle"], seed=1,
-                          transform=record_peak)
+                          read_ahead=config["read_ahead"],
+                          transform=record_peak, **({"rank": 1, "world_size": 2} if in_process else {}))
     ds.set_epoch(0)  # the parent takes the catalog; workers use its snapshot
     workers = config["workers"]
-    loader = ss.StreamLoader(ds, num_workers=workers, worker_init_fn=note_baseline) if config["loader"] == "StreamLoader" \
-        else DataLoader(ds, batch_size=None, num_workers=workers, worker_init_fn=note_baseline)
+    if in_process:
+        note_baseline(0)
+        loader = ds
+    else:
+        loader = ss.StreamLoader(ds, num_workers=workers, worker_init_fn=note_baseline) \
+            if config["loader"] == "StreamLoader" else DataLoader(ds, batch_size=None, num_workers=workers,
+                                                                   worker_init_fn=note_baseline)
     parent_rss = _status_kib("VmRSS")
+    cpu = time.process_time()
     seen = np.zeros(config["rows"], dtype=np.int64)
     peaks: dict[int, int] = {}
     bases: dict[int, int] = {}
@@ -122,7 +136,9 @@ def run_child(config: dict[str, Any]) -> dict[str, Any]:
         bases[pid] = int(batch["_base_kib"][0])
         del batch
     wall = time.perf_counter() - started
+    cpu = time.process_time() - cpu
     return {
+        "cpu_s": round(cpu, 3) if in_process else None,  # the process's CPU (Arrow's threads too)
         "streamshard": os.path.dirname(os.path.dirname(ss.__file__)),
         "wall_s": wall,
         "worker_peak_mib": sorted(round(v / 1024) for v in peaks.values()),
@@ -130,7 +146,8 @@ def run_child(config: dict[str, Any]) -> dict[str, Any]:
         "worker_above_baseline_mib": sorted(round((peaks[p] - bases[p]) / 1024) for p in peaks),
         "parent_rss_at_start_mib": round(parent_rss / 1024),
         "parent_peak_mib": round(_status_kib("VmHWM") / 1024),
-        "exactly_once": bool(np.all(seen == 1)),
+        # One process reads one share: each of its rows once (rows_delivered: how many), the rest never.
+        "exactly_once": bool(np.all(seen <= 1) if in_process else np.all(seen == 1)),
         "rows_delivered": int(seen.sum()),
     }
 
@@ -142,8 +159,11 @@ def main() -> None:
     parser.add_argument("--src", default="", help="import streamshard from this checkout (e.g. a worktree of an old commit)")
     parser.add_argument("--label", default="", help="suffix of the JSON file written (e.g. 'before')")
     parser.add_argument("--shapes", default="list,wide")
-    parser.add_argument("--loaders", default="StreamLoader,DataLoader")
+    parser.add_argument("--loaders", default="StreamLoader,DataLoader",
+                        help="also 'process': no workers, this process reads the second of two shares (CPU seconds)")
     parser.add_argument("--batch-size", type=int, default=2048)
+    parser.add_argument("--groups", type=int, default=1, help="files of one such row group each (x the group: one)")
+    parser.add_argument("--read-ahead", type=int, default=2, help="ParquetStream(read_ahead=)")
     parser.add_argument("--quick", action="store_true", help="100k rows (205 MB decoded), list shape only")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -154,21 +174,28 @@ def main() -> None:
         args.rows, args.shapes = 100_000, "list"
     load_start = os.getloadavg()
     results, files = [], {}
-    print(f"one row group of {args.rows:,} rows x {WIDTH} int32, 2 workers; src {args.src or ROOT}; "
+    print(f"{args.groups} x one row group of {args.rows:,} rows x {WIDTH} int32, 2 workers, read_ahead "
+          f"{args.read_ahead}; src {args.src or ROOT}; "
           f"load average {load_start}", flush=True)
     header = f"{'shape':<6}{'loader':<14}{'shuffle':<9}{'worker peak RSS (MiB)':>60}{'parent':>9}{'wall s':>9}  exactly once"
     lines = [header]
     print(header, flush=True)
     with tempfile.TemporaryDirectory(prefix="big_row_group-") as tmp:
         for shape in args.shapes.split(","):
-            path = os.path.join(tmp, f"{shape}.parquet")
-            files[shape] = write_file(path, args.rows, shape)
+            path = os.path.join(tmp, shape)  # a directory of --groups files, each one such row group
+            os.makedirs(path)
+            files[shape] = write_file(os.path.join(path, "part-0.parquet"), args.rows, shape)
+            for g in range(1, args.groups):
+                shutil.copyfile(os.path.join(path, "part-0.parquet"), os.path.join(path, f"part-{g}.parquet"))
             for loader in args.loaders.split(","):
                 for shuffle in (False, True):
-                    config = {"path": path, "rows": args.rows, "shuffle": shuffle, "loader": loader, "workers": 2,
+                    config = {"path": path, "rows": args.rows * args.groups, "shuffle": shuffle, "loader": loader,
+                              "workers": 2, "read_ahead": args.read_ahead,
                               "batch_size": args.batch_size, "src": args.src}
                     # PYTHONPATH, not sys.path: processes the loader starts import the same checkout.
-                    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [args.src, os.environ.get("PYTHONPATH")]))}
+                    # Without --src, this checkout (not whichever streamshard the interpreter would import).
+                    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [args.src or str(ROOT),
+                                                                                     os.environ.get("PYTHONPATH")]))}
                     done = subprocess.run([sys.executable, __file__, "--child", json.dumps(config)],
                                           capture_output=True, text=True, env=env)
                     if done.returncode != 0:
@@ -183,12 +210,13 @@ def main() -> None:
                         result["worker_above_baseline_x_decoded"] = [round(a / decoded_mib, 2) for a in above]
                         peaks += f" (above start: {' + '.join(str(a) for a in above)}, " \
                                  f"{'/'.join(str(x) for x in result['worker_above_baseline_x_decoded'])}x the group)"
+                        cpu = "" if result["cpu_s"] is None else f"  (CPU {result['cpu_s']:.2f} s, {result['rows_delivered']:,} rows)"
                         line = (f"{shape:<6}{loader:<14}{str(shuffle):<9}{peaks:>60}{result['parent_peak_mib']:>9}"
-                                f"{result['wall_s']:>9.1f}  {result['exactly_once']}")
+                                f"{result['wall_s']:>9.1f}  {result['exactly_once']}{cpu}")
                     results.append({"shape": shape, "loader": loader, "shuffle": shuffle, **result})
                     lines.append(line)
                     print(line, flush=True)
-            os.remove(path)
+            shutil.rmtree(path)
     for shape, sizes in files.items():
         estimate = sizes["inspect_estimate_bytes"]
         note = (f"{shape}: decoded {sizes['decoded_bytes'] / MIB:,.0f} MiB, footer encoded {sizes['encoded_bytes'] / MIB:,.0f}"

@@ -7,7 +7,8 @@ over. Here each piece (a record batch of the part, as it is decoded) is converte
 appended to growing flat columns, and let go before the next is decoded: the worker holds the part
 once, in the flat form batches gather from, plus one piece. The columns grow by ``realloc`` (for
 arrays this large glibc moves pages rather than copying them) from a size estimated from the
-rows already seen, and are cut to their size at the end.
+rows already seen, and are cut to their size at the end. A wide part comes in passes over subsets of
+its columns (``reader.column_passes``): each pass is converted the same way into its own columns.
 """
 
 from __future__ import annotations
@@ -55,34 +56,47 @@ class _Growing:
         return self.array
 
 
-def convert_part(part: Iterable[tuple[pa.Table, np.ndarray | None]], rows: int, converter: BatchConverter) -> Converted:
-    """``gather.convert_read`` of the ``rows`` rows of ``part``'s pieces taken together (each a
-    table and the positions of the part's rows in it, None: all; ``reader.StreamedPart``),
-    converting one piece at a time and letting it go before the next is taken. Scattered rows are
-    picked out of the converted piece by numpy (a gather per column, no Arrow ``take``)."""
+def convert_part(part: Iterable[Iterable[tuple[pa.Table, np.ndarray | None]]], rows: int,
+                 converter: BatchConverter) -> Converted:
+    """``gather.convert_read`` of the ``rows`` rows of ``part``'s pieces taken together, converting one
+    piece at a time and letting it go before the next is taken. ``part`` (``reader.StreamedPart``) is
+    one or more passes over the part's rows, each over some of its columns; a pass's pieces are each a
+    table and the positions of the part's rows in it (None: all). A column already converted in an
+    earlier pass is not converted again. Scattered rows are picked out of the converted piece by numpy
+    (a gather per column, no Arrow ``take``)."""
     flat = converter.flat_twin()
     items_of = converter.items_of or {}
     growing: dict[str, _Growing] = {}
     texts: dict[str, list[Any]] = {}
     empty: dict[str, np.ndarray] = {}
-    seen = 0
-    for table, picks in part:
-        columns = flat.convert(table, copy=False)
-        table = None  # noqa: F841 - the piece goes as soon as it is copied out
-        if picks is not None:
-            columns = _picked(columns, picks, items_of)
-        seen += len(picks) if picks is not None else _rows_of(columns, items_of)
-        for key, value in columns.items():
-            if isinstance(value, torch.Tensor):
-                value = value.numpy()
-            if isinstance(value, np.ndarray):
-                empty.setdefault(key, value[:0].copy())
-                growing.setdefault(key, _Growing()).append(value, seen, rows)
-            else:
-                texts.setdefault(key, []).extend(value)
-        columns = None  # noqa: F841
-    if seen != rows:
-        raise AssertionError(f"a streamed part held {seen} rows, announced {rows}")  # the reader checks this
+    done: set[str] = set()
+    for pieces in part:
+        seen, names, pass_converter = 0, None, flat
+        for table, picks in pieces:
+            if names is None:
+                names = [name for name in table.column_names if name not in done]
+                pass_converter = flat.of_columns(names)
+            if not names:  # only columns converted already
+                continue
+            if names != table.column_names:
+                table = table.select(names)
+            columns = pass_converter.convert(table, copy=False)
+            table = None  # noqa: F841 - the piece goes as soon as it is copied out
+            if picks is not None:
+                columns = _picked(columns, picks, items_of)
+            seen += len(picks) if picks is not None else _rows_of(columns, items_of)
+            for key, value in columns.items():
+                if isinstance(value, torch.Tensor):
+                    value = value.numpy()
+                if isinstance(value, np.ndarray):
+                    empty.setdefault(key, value[:0].copy())
+                    growing.setdefault(key, _Growing()).append(value, seen, rows)
+                else:
+                    texts.setdefault(key, []).extend(value)
+            columns = None  # noqa: F841
+        if names and seen != rows:
+            raise AssertionError(f"a streamed part held {seen} rows, announced {rows}")  # the reader checks this
+        done.update(names or ())
     out: dict[str, Any] = {}
     for key in flat.keys:
         out[key] = growing[key].result(empty[key]) if key in growing else texts.get(key, [])

@@ -43,7 +43,7 @@ per row (flat values and their masks, inner-level lengths and masks): padding ro
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 import pyarrow as pa
 import torch
@@ -146,6 +146,14 @@ class BatchConverter:
         if self._flat_twin is None:
             self._flat_twin = BatchConverter(self.schema, self._args[0], "flat", *self._args[1:])
         return self._flat_twin
+
+    def of_columns(self, names: Sequence[str]) -> BatchConverter:
+        """This converter for the columns ``names`` of its schema only (a streamed part decoded in passes
+        over subsets of its columns, ``convert/part_convert.py``): the same keys, for those columns."""
+        if list(names) == self.schema.names:
+            return self
+        schema = pa.schema([self.schema.field(name) for name in names])
+        return BatchConverter(schema, self._args[0], "flat" if self._flat else "padded", *self._args[1:])
 
     @property
     def keys(self) -> list[str]:

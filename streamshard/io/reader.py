@@ -13,8 +13,10 @@ bytes buffered over all columns), and only the rows asked for (``rows=``) are ke
 returns such a group as a ``StreamedPart`` whose record batches are decoded as it is iterated:
 delivery converts each one as it comes and lets it go (``convert/part_convert.py``), so a worker that owns
 part of a huge row group holds its part once plus one record batch, not the whole group, its
-compressed bytes, or its part in Arrow as well. ``read`` joins the same pieces into a table. Small
-groups (the common case) keep the one-round whole-group read.
+compressed bytes, or its part in Arrow as well. pyarrow holds the page it is in for every column it
+decodes, so a wide group is decoded in passes over subsets of its columns (``column_passes``), one
+subset's pages held at a time. ``read`` joins the same pieces into a table. Small groups (the common
+case) keep the one-round whole-group read.
 """
 
 from __future__ import annotations
@@ -61,10 +63,19 @@ _LEAVES_PER_BATCH = 128
 _THREADS_FROM_LEAVES = 4
 _COMBINE_BYTES = 64 * 1024 * 1024  # scattered rows of a streamed part kept as a table: joined into pieces of at least this
 STREAM_BUFFER_BYTES = 16 * 1024 * 1024  # compressed bytes buffered over all columns while streaming
+# Pages held at once while a streamed group decodes: pyarrow's decoder holds the page it is in for every
+# column it decodes (one page can be a whole column chunk: a 150,000-row int32 column chunk is one 188 KB
+# page, so 512 of them held ~100 MiB, a third of the group). A wider group is decoded in passes over
+# subsets of its columns within this (``column_passes``); each column is still decoded once.
+STREAM_PASS_PAGE_BYTES = 16 * 1024 * 1024
+_PAGE_BYTES = 1024 * 1024  # a page's usual size at most (pyarrow's and parquet-mr's default data page size)
 _PART_CHUNKS = 8  # a streamed part is gathered into about this many chunks (a take costs per chunk)
 # A group this many times smaller (compressed) than STREAM_ABOVE_BYTES is read whole without first
 # fetching its footer to estimate its decoded size (keeps footer and data in one round).
 _SURELY_SMALL_RATIO = 32
+
+
+Piece = tuple[pa.Table, "np.ndarray | None"]
 
 
 class StreamedPart:
@@ -73,32 +84,77 @@ class StreamedPart:
     one record batch, never the part in Arrow too. Iterate it once; an error while decoding is a
     ``ReadError`` naming the file and row group.
 
-    Iterating gives ``(table, picks)``: a decoded record batch (as a table) and the positions of the
-    part's rows in it (None: every row of it), in order. ``rows``: how many rows the part holds
-    (known before decoding).
+    Iterating gives its *passes*: a wide group (its columns' pages, one held per column while
+    decoding, above ``STREAM_PASS_PAGE_BYTES``) is decoded in several passes over subsets of its
+    columns, each over every row of the part, so only one subset's pages are held at a time. A pass
+    gives ``(table, picks)``: a decoded record batch of the pass's columns (as a table) and the
+    positions of the part's rows in it (None: every row of it), in order. ``rows``: how many rows
+    the part holds (known before decoding).
     """
 
-    def __init__(self, rows: int, pieces: Iterator[tuple[pa.Table, np.ndarray | None]], combine_bytes: int) -> None:
+    def __init__(self, rows: int, decode: Callable[[Sequence[str] | None, bool], Iterator[Piece]],
+                 column_sets: Sequence[Sequence[str] | None], combine_bytes: int,
+                 change: Callable[[pa.Table], pa.Table] | None = None) -> None:
         self.rows = rows
-        self._pieces = pieces
+        self._decode = decode  # (columns of a pass (None: all), the read's last pass) -> its pieces
+        self._column_sets = list(column_sets)
         self._combine_bytes = combine_bytes
+        self._change = change
 
-    def __iter__(self) -> Iterator[tuple[pa.Table, np.ndarray | None]]:
-        return self._pieces
+    @property
+    def passes(self) -> int:
+        """How many passes over its columns the part is decoded in."""
+        return len(self._column_sets)
+
+    def __iter__(self) -> Iterator[Iterator[Piece]]:
+        last = len(self._column_sets) - 1
+        for i, columns in enumerate(self._column_sets):
+            yield self._changed(self._decode(columns, i == last))
 
     def map(self, change: Callable[[pa.Table], pa.Table]) -> "StreamedPart":
-        """The same part with ``change`` applied to each piece's table as it comes."""
-        def changed() -> Iterator[tuple[pa.Table, np.ndarray | None]]:
-            for table, picks in self._pieces:
-                out, table = change(table), None
-                yield out, picks
-                out = None  # noqa: F841 - the consumer's piece is not held here while the next decodes
-        return StreamedPart(self.rows, changed(), self._combine_bytes)
+        """The same part with ``change`` applied to each piece's table as it comes (in a pass over
+        some of the columns, a table of those columns)."""
+        before = self._change
+        composed = change if before is None else (lambda table: change(before(table)))
+        return StreamedPart(self.rows, self._decode, self._column_sets, self._combine_bytes, composed)
 
     def table(self) -> pa.Table:
-        """All its rows as one table: whole record batches as they are, scattered rows copied out
-        and joined into a few chunks (``reader_parts.join_pieces``)."""
-        return join_pieces(self._pieces, self._combine_bytes)
+        """All its rows as one table (decoded in one pass over all columns): whole record batches as
+        they are, scattered rows copied out and joined into a few chunks (``reader_parts.join_pieces``)."""
+        return join_pieces(self._changed(self._decode(None, True)), self._combine_bytes)
+
+    def _changed(self, pieces: Iterator[Piece]) -> Iterator[Piece]:
+        if self._change is None:
+            yield from pieces
+            return
+        for table, picks in pieces:
+            out, table = self._change(table), None
+            yield out, picks
+            out = None  # noqa: F841 - the consumer's piece is not held here while the next decodes
+
+
+def column_passes(metadata: pq.FileMetaData, row_group: int, columns: Sequence[str],
+                  budget: int) -> list[list[str]]:
+    """``columns`` (top-level, in order) grouped into passes whose column chunks' pages held at once
+    (``min(chunk, _PAGE_BYTES)`` each: a decoder holds one page per leaf column) stay within ``budget``;
+    a column's leaves stay together, and a column above ``budget`` alone is a pass."""
+    group = metadata.row_group(row_group)
+    held: dict[str, int] = {}
+    for c in range(group.num_columns):
+        chunk = group.column(c)
+        top = chunk.path_in_schema.split(".")[0]
+        held[top] = held.get(top, 0) + min(chunk.total_uncompressed_size, _PAGE_BYTES)
+    passes: list[list[str]] = []
+    total = budget + 1
+    for name in columns:
+        size = held.get(name, 0)
+        if passes and total + size <= budget:
+            passes[-1].append(name)
+            total += size
+        else:
+            passes.append([name])
+            total = size
+    return passes
 
 
 class RowGroupReader:
@@ -238,60 +294,72 @@ class RowGroupReader:
     def _read_streaming(self, file_index: int, row_group: int, metadata: pq.FileMetaData,
                         rows: np.ndarray | None, estimate: int, started: float) -> StreamedPart:
         """The group decoded in record batches from ranges fetched on demand, keeping only ``rows``,
-        as the returned part is iterated (nothing is fetched before)."""
+        as the returned part is iterated (nothing is fetched before); a wide group in several passes
+        over subsets of its columns (``column_passes``)."""
         self._touch(file_index)
         group = metadata.row_group(row_group)
         total = group.num_rows
         if rows is not None and len(rows) and not 0 <= rows[0] <= rows[-1] < total:
             raise ReadError(f"{self.urls[file_index]}: row group {row_group} has {total} rows, "
                             f"asked for rows {int(rows[0])}..{int(rows[-1])}; did the file change?")
-        wanted = None if self.columns is None else set(self.columns)
-        leaves = sum(1 for c in range(group.num_columns)
-                     if wanted is None or group.column(c).path_in_schema.split(".")[0] in wanted)
-        batch_bytes = STREAM_BATCH_BYTES * max(1, leaves / _LEAVES_PER_BATCH)
-        batch_rows = int(np.clip(batch_bytes * total / max(estimate, 1), 1, 65536))
-        buffer = int(np.clip(STREAM_BUFFER_BYTES // max(leaves, 1), min(64 * 1024, STREAM_BUFFER_BYTES), 4 * 1024 * 1024))
-        source = _SparseFile(self.sizes[file_index], [], lambda s, e: self._files.fetch_range(file_index, s, e))
-        parquet = pq.ParquetFile(pa.PythonFile(source, mode="r"), metadata=metadata, pre_buffer=False,
-                                 buffer_size=buffer, coerce_int96_timestamp_unit=int96.read_unit(metadata, self.schema),
-                                 page_checksum_verification=self.verify_checksums)
+        unit = int96.read_unit(metadata, self.schema)
+        names = list(self.columns) if self.columns is not None else list(metadata.schema.to_arrow_schema().names)
         expected = total if rows is None else len(rows)
         part = estimate * expected // max(total, 1)
         combine = max(_COMBINE_BYTES, part // _PART_CHUNKS)  # for ``StreamedPart.table``
-        schema = parquet.schema_arrow
-        if self.columns is not None:
-            schema = pa.schema([schema.field(c) for c in self.columns], metadata=schema.metadata)
         counts = DecodeCounts()
         url = self.urls[file_index]
+        spent = [time.perf_counter() - started]  # seconds of the read so far, over its passes
 
-        def pieces() -> Iterator[tuple[pa.Table, np.ndarray | None]]:
-            kept, spent, began = 0, time.perf_counter() - started, time.perf_counter()
+        def pieces(columns: Sequence[str] | None, last: bool) -> Iterator[Piece]:
+            columns = names if columns is None else list(columns)
+            began = time.perf_counter()
             try:
-                for batch, picks in decode_rows(parquet, row_group, self.columns, rows, total, batch_rows, counts,
+                wanted = set(columns)
+                leaves = sum(1 for c in range(group.num_columns) if group.column(c).path_in_schema.split(".")[0] in wanted)
+                share = row_group_decoded_bytes(metadata, row_group, columns) if columns != names else estimate
+                batch_bytes = STREAM_BATCH_BYTES * max(1, leaves / _LEAVES_PER_BATCH)
+                batch_rows = int(np.clip(batch_bytes * total / max(share, 1), 1, 65536))
+                buffer = int(np.clip(STREAM_BUFFER_BYTES // max(leaves, 1), min(64 * 1024, STREAM_BUFFER_BYTES),
+                                     4 * 1024 * 1024))
+                source = _SparseFile(self.sizes[file_index], [], lambda s, e: self._files.fetch_range(file_index, s, e))
+                parquet = pq.ParquetFile(pa.PythonFile(source, mode="r"), metadata=metadata, pre_buffer=False,
+                                         buffer_size=buffer, coerce_int96_timestamp_unit=unit,
+                                         page_checksum_verification=self.verify_checksums)
+                kept = 0
+                for batch, picks in decode_rows(parquet, row_group, columns, rows, total, batch_rows, counts,
                                                 threads=leaves >= _THREADS_FROM_LEAVES):
                     table = pa.Table.from_batches([batch])
                     check_decoded(table)
                     kept += table.num_rows if picks is None else len(picks)
-                    spent += time.perf_counter() - began
+                    spent[0] += time.perf_counter() - began
                     yield table, picks
                     began, batch, table = time.perf_counter(), None, None  # let the consumer's piece go
                 if kept != expected:
                     raise ReadError(f"{url}: row group {row_group} decoded {counts.decoded} of the "
                                     f"{total} rows its footer lists; did the file change?")
                 if not kept:  # an empty part is one empty table (its schema)
-                    yield pa.Table.from_batches([], schema=schema), None
+                    schema = parquet.schema_arrow
+                    yield pa.Table.from_batches([], schema=pa.schema([schema.field(c) for c in columns],
+                                                                     metadata=schema.metadata)), None
             except Exception as exc:  # noqa: BLE001 - fsspec/pyarrow/botocore raise many types
                 raise self._error(file_index, row_group, exc) from None
+            spent[0] += time.perf_counter() - began
+            if not last:
+                # Freed but kept by Arrow's allocator (in the heaps of the threads that decoded): hand it back
+                # before the next pass, or each pass's pages come on top (512 columns in 6 passes: peak -40 MiB).
+                pa.default_memory_pool().release_unused()
+                return
             with self._lock:
                 self.stats.row_groups_streamed += 1
                 self.stats.rows_decoded += counts.decoded
                 self.stats.largest_decode = max(self.stats.largest_decode, counts.largest)
-            self._count_read(kept, spent + time.perf_counter() - began)
+            self._count_read(kept, spent[0])
             # What decoding took from Arrow's allocator is free now but kept by it (mimalloc, jemalloc):
             # hand it back, so the part's converted form and the batches gathered from it do not come on top.
             pa.default_memory_pool().release_unused()
 
-        return StreamedPart(expected, pieces(), combine)
+        return StreamedPart(expected, pieces, column_passes(metadata, row_group, names, STREAM_PASS_PAGE_BYTES), combine)
 
     def _footer_unless_small(self, file_index: int, row_group: int) -> pq.FileMetaData | None:
         """The file's footer, or None when the group's compressed bytes (the catalog's ranges, or a

@@ -346,10 +346,16 @@ class ParquetStream(PlannedStream):
                 f"{int(catalog.rg_rows[what.rg])}; did the file change?"
             )
 
+        schemas: dict[tuple[str, ...], pa.Schema] = {}
+
         def finish(table: pa.Table) -> pa.Table:
+            schema = catalog.schema
+            if isinstance(got, StreamedPart) and got.passes > 1:  # a pass over some columns: those, and the keys
+                schema = schemas.get(tuple(table.column_names)) or schemas.setdefault(
+                    tuple(table.column_names), _pass_schema(schema, table.column_names, catalog.partition_values))
             if catalog.partition_values is not None:
-                table = with_partition_columns(table, catalog.partition_values, file_index, catalog.schema)
-            return read_as(table, catalog.schema, f"{catalog.urls[file_index]}: row group {index}")
+                table = with_partition_columns(table, catalog.partition_values, file_index, schema)
+            return read_as(table, schema, f"{catalog.urls[file_index]}: row group {index}")
         return finish(got) if isinstance(got, pa.Table) else got.map(finish)
 
     # -- warnings -----------------------------------------------------------------------------
@@ -396,3 +402,10 @@ class ParquetStream(PlannedStream):
         if key not in self._warned:
             self._warned.add(key)
             warnings.warn(message, stacklevel=3)
+
+
+def _pass_schema(schema: pa.Schema, names: list[str], partition_values: pa.Table | None) -> pa.Schema:
+    """``schema``'s fields of a streamed part's pass over the columns ``names`` (``io/reader.py``'s
+    ``StreamedPart``), with the partition keys (each pass gets them; only the first converts them)."""
+    wanted = set(names) | set(() if partition_values is None else partition_values.column_names)
+    return pa.schema([field for field in schema if field.name in wanted], metadata=schema.metadata)
