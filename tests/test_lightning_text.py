@@ -7,8 +7,8 @@ training step happened, so a job that waits for the whole count first fails. Wit
 ``StreamLoader`` and its idiom ``DataLoader(ps, batch_size=None, num_workers=2)``: every token of every
 document once per epoch, equal steps on both ranks; a preempted ``StreamLoader`` run resumed from its
 step checkpoint trains exactly the uninterrupted run's remaining steps (Lightning reads one batch ahead
-of training from a loader without a length; ``ElasticResume`` keeps that batch in the checkpoint's
-loader state).
+of training from a loader without a length; the loader's own state in the checkpoint, with no
+callback, counts that batch as not handed out).
 """
 
 from __future__ import annotations

@@ -32,11 +32,9 @@ public API in Lightning 2.6 and touches two counters of its fit loop:
 
 A loader without a length (a raw-text ``PackedStream``, whose length needs the whole token count:
 ``len()`` raises ``TypeError``, so Lightning trains the epoch until the loader ends, starting after
-the first counted stage) adds a third count: Lightning then reads one batch *ahead* of training (to
-know the last batch), so the loader's state in a checkpoint would count a batch no step trained
-and a resume would skip it. ``on_save_checkpoint`` writes the loader's state after the batches
-trained instead (``StreamLoader.state_dict(unconsumed=...)``, the batches Lightning's fetcher holds).
-The two hooks above leave such a loader alone (``trainer.num_training_batches`` is ``inf``).
+the first counted stage) needs none of this: ``trainer.num_training_batches`` is ``inf`` and the two
+hooks leave it alone. Lightning reads one batch ahead of training from such a loader, which the
+loader's own state in a checkpoint accounts for (``integrations/lightning_read_ahead.py``).
 
 It acts only on a single ``StreamLoader`` over a stream returned by ``train_dataloader()`` and with
 ``limit_train_batches`` left at 1.0; anything else is left to Lightning. Imported only by the user:
@@ -68,15 +66,6 @@ class ElasticResume(pl.Callback):
         if shift:
             for name in _PROGRESS:
                 setattr(progress, name, getattr(progress, name) + shift)
-
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
-        loader = _stream_loader(trainer)
-        ahead = len(getattr(trainer.fit_loop._data_fetcher, "batches", None) or ())  # read, not trained yet
-        if loader is None or not ahead:
-            return
-        fit_state = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
-        if fit_state.get("combined_loader"):
-            fit_state["combined_loader"] = [loader.state_dict(unconsumed=ahead)]
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         loader = _stream_loader(trainer)

@@ -34,6 +34,7 @@ from ..plan.resume import Position
 from ..streams.sampler import ElasticSampler
 from ..streams.stream_base import unsized_message
 from .thread_workers import round_robin
+from ..integrations.lightning_read_ahead import batches_read_ahead
 from ..plan.validate import check_bool, check_int
 
 
@@ -400,7 +401,7 @@ class StreamLoader:
         ahead of training from a loader without a length; ``ElasticResume`` passes it), counted as
         not handed out: a resume delivers them again."""
         self._follow_dataset_epoch()
-        unconsumed = check_int(unconsumed, "unconsumed", 0)
+        unconsumed = check_int(unconsumed, "unconsumed", 0) or batches_read_ahead(self)
         if unconsumed:
             if self._pass is None or unconsumed > self._pass.consumed:
                 raise ValueError(f"unconsumed={unconsumed}, but the running pass handed out "

@@ -246,7 +246,11 @@ class PackedStream(WeightSteering, PlannedStream):
 
     def _batches_a_message(self) -> int:
         """``PlannedStream._batches_a_message``: a batch is ``batch_size x seq_len`` tokens of at most 8 bytes
-        in each of its keys (the packed columns, ``position_ids``, ``sample_id``; ``corpus`` in a blend)."""
+        in each of its keys (the packed columns, ``position_ids``, ``sample_id``; ``corpus`` in a blend).
+        Raw text goes one a message: tokenizing costs far more than a message, and a worker's first message
+        must not wait for batches of a stage still being counted (a cold start's first step)."""
+        if self.text is not None:
+            return 1
         keys = len(self.columns) + 2 + (self.blend is not None)
         return batches_per_message(8.0 * keys * self.batch_size * self.seq_len)
 

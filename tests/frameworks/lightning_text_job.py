@@ -5,7 +5,7 @@
 
 ``train_dataloader()`` returns ``ss.StreamLoader(PackedStream(..., tokenizer=tok), num_workers=2)`` or
 the package's plain idiom ``DataLoader(ps, batch_size=None, num_workers=2)``; ``Trainer(strategy="ddp",
-devices=2).fit(...)`` with ``ElasticResume`` and a step ``ModelCheckpoint``.
+devices=2).fit(...)`` with a step ``ModelCheckpoint`` (no ``ElasticResume``: not needed on one topology).
 
 The tokenizer is a Python callable (so the loader runs worker processes) whose *counting* of a row
 group outside the epoch's first stage (on a ``streamshard-count`` thread) waits until ``--gate``
@@ -35,7 +35,6 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 import streamshard as ss
-from streamshard.integrations.lightning import ElasticResume
 
 PREEMPTED = 75
 SEQ, BATCH, EOS = 16, 2, 0
@@ -142,8 +141,9 @@ def main() -> None:
     parser.add_argument("--preempt-at", type=int)
     parser.add_argument("--resume")
     args = parser.parse_args()
+    # No ElasticResume (a resume on the same topology): the StreamLoader's own state in a checkpoint counts
+    # the batch Lightning read ahead of training as not handed out.
     callbacks: list[L.Callback] = [
-        ElasticResume(),
         ModelCheckpoint(dirpath=args.ckpt_dir, filename="{epoch}-{step}", every_n_train_steps=args.every_n_steps,
                         save_top_k=-1),
     ]
