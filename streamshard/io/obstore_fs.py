@@ -2,10 +2,22 @@
 
 Chosen with ``storage_options={"backend": "obstore", ...}``; the other options keep their s3fs
 meaning (``key``, ``secret``, ``token``, ``anon``, ``endpoint_url``, ``region``, ``client_kwargs``,
-``config_kwargs``, ``use_ssl``, ``requester_pays``) and an option it cannot honour is refused by
-name rather than ignored. Measured on SeaweedFS (``benchmarks/object_client.py``), a ranged GET costs
-the client 3-8x less CPU than through s3fs/aiobotocore, which is what a cold catalog of many small
-files and a worker's read-ahead spend their time on.
+``config_kwargs``, ``use_ssl``, ``requester_pays``, ``profile``) and an option it cannot honour is
+refused by name rather than ignored.
+
+Credentials: options given (``key``/``secret``/``token``, ``anon``) win. Otherwise they come from
+botocore's credential chain, as s3fs's do (``BotocoreCredentials``): environment, the ``profile``'s
+(or ``AWS_PROFILE``'s) ``~/.aws`` credentials and config, ``credential_process``, SSO, assumed roles,
+web identity, container and instance metadata; credentials that expire are refreshed by botocore
+before they do, and obstore asks again at their expiry. botocore is imported only when needed (about
+0.1 s of CPU): not when the options or ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` and a region
+(option or ``AWS_REGION``/``AWS_DEFAULT_REGION``) say it all, as botocore would read the environment
+first too. Without botocore installed, obstore's own chain applies (environment, web identity,
+container and instance metadata; no profiles).
+
+Measured on SeaweedFS (``benchmarks/object_client.py``), a ranged GET costs the client 3-8x less
+CPU than through s3fs/aiobotocore, which is what a cold catalog of many small files and a worker's
+read-ahead spend their time on.
 
 ``ObstoreFileSystem`` is an fsspec ``AsyncFileSystem``, so the catalog and the reader use it as they
 use s3fs: ``info`` (size and ``ETag``, in s3fs's format, so versions, catalog caches and checkpoint
@@ -28,6 +40,7 @@ import asyncio
 import os
 import re
 import threading
+from datetime import timezone
 from typing import Any, Sequence
 
 import fsspec.asyn
@@ -41,7 +54,7 @@ _TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 _STATUS = re.compile(r"status code: (\d{3})")
 _XML = re.compile(r"<Code>([^<]*)</Code>\s*<Message>([^<]*)</Message>")
 _TOP_LEVEL = {"backend", "key", "secret", "token", "anon", "endpoint_url", "region", "client_kwargs",
-              "config_kwargs", "use_ssl", "requester_pays"}
+              "config_kwargs", "use_ssl", "requester_pays", "profile"}
 _CLIENT_KWARGS = {"endpoint_url", "region_name", "aws_access_key_id", "aws_secret_access_key", "aws_session_token"}
 _CONFIG_KWARGS = {"connect_timeout", "read_timeout", "s3", "retries", "max_pool_connections", "signature_version"}
 
@@ -86,6 +99,8 @@ def store_config(storage_options: dict[str, Any]) -> dict[str, Any]:
     config["virtual_hosted_style_request"] = addressing == "virtual" or (addressing == "auto" and not endpoint)
     if storage_options.get("requester_pays"):
         config["request_payer"] = True
+    if storage_options.get("profile") and not storage_options.get("anon") and not credentials["access_key_id"]:
+        config["profile"] = storage_options["profile"]  # for the credential chain (``credential_source``)
     client_options: dict[str, Any] = {
         "connect_timeout": f"{float(settings.get('connect_timeout', 10))}s",
         "read_timeout": f"{float(settings.get('read_timeout', 30))}s",
@@ -94,6 +109,85 @@ def store_config(storage_options: dict[str, Any]) -> dict[str, Any]:
     if (endpoint and str(endpoint).startswith("http://")) or storage_options.get("use_ssl") is False:
         client_options["allow_http"] = True
     return {**config, "client_options": client_options, "retry_config": {"max_retries": 0}}
+
+
+_REGION_ENV = ("AWS_REGION", "AWS_DEFAULT_REGION")
+
+
+def needs_credential_chain(config: dict[str, Any]) -> bool:
+    """Whether ``config`` (from ``store_config``) leaves credentials or the region to botocore's chain.
+
+    Not when the options give the credentials (or ``anon``), nor when, with no ``profile`` option,
+    the environment's ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` (which botocore reads first)
+    and a region (option, environment, or a custom endpoint's) are there for obstore to read itself.
+    """
+    if config.get("skip_signature"):
+        return False
+    if config.get("access_key_id"):
+        return not config.get("region") and not config.get("endpoint") and not _env_region()
+    if config.get("profile"):
+        return True
+    env_keys = bool(os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY"))
+    return not (env_keys and (config.get("region") or config.get("endpoint") or _env_region()))
+
+
+def _env_region() -> str | None:
+    return next((os.environ[name] for name in _REGION_ENV if os.environ.get(name)), None)
+
+
+class BotocoreCredentials:
+    """An obstore credential provider fed by botocore's credential chain (what s3fs, boto3 and the AWS CLI read).
+
+    ``botocore.session.Session(profile=...)`` resolves the chain once, on the first request (it may run
+    a ``credential_process`` or read an SSO token cache); each call returns botocore's current
+    credentials, which botocore refreshes before they expire, with their expiry so that obstore asks
+    again then (None: static credentials). ``region`` is the profile's (or the environment's) region.
+    """
+
+    def __init__(self, profile: str | None = None) -> None:
+        import botocore.session
+
+        self.profile = profile
+        session = botocore.session.Session(profile=profile)
+        self.region: str | None = session.get_config_variable("region")
+        self._credentials = session.get_credentials()  # None: the chain found nothing
+
+    @property
+    def found(self) -> bool:
+        return self._credentials is not None
+
+    def __call__(self) -> dict[str, Any]:
+        if self._credentials is None:
+            raise PermissionError(f"no AWS credentials found by botocore's chain (profile {self.profile!r})")
+        frozen = self._credentials.get_frozen_credentials()  # refreshed by botocore when near expiry
+        expiry = getattr(self._credentials, "_expiry_time", None)  # RefreshableCredentials only
+        if expiry is not None:  # botocore's is dateutil's tzutc/tzlocal; obstore takes datetime.timezone.utc only
+            expiry = (expiry if expiry.tzinfo else expiry.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
+        return {"access_key_id": frozen.access_key, "secret_access_key": frozen.secret_key, "token": frozen.token,
+                "expires_at": expiry}
+
+
+def credential_source(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with botocore's chain filled in where ``needs_credential_chain``: a ``credential_provider``
+    (unless botocore finds nothing: obstore's own chain then answers) and the chain's region when none was
+    given. Unchanged when botocore is not installed (obstore's own chain: environment, web identity,
+    container and instance metadata)."""
+    config = dict(config)
+    profile = config.pop("profile", None)
+    if not needs_credential_chain({**config, "profile": profile}):
+        return config
+    try:
+        provider = BotocoreCredentials(profile)
+    except ImportError:
+        if profile:
+            raise ValueError(f"storage_options profile={profile!r} with backend='obstore' needs botocore "
+                             f"(pip install botocore) to read the AWS profile") from None
+        return config
+    if provider.region and not config.get("region"):
+        config["region"] = provider.region
+    if provider.found and not config.get("access_key_id"):
+        config["credential_provider"] = provider
+    return config
 
 
 class ObstoreFileSystem(fsspec.asyn.AsyncFileSystem):
@@ -109,6 +203,7 @@ class ObstoreFileSystem(fsspec.asyn.AsyncFileSystem):
         self._config = store_config(storage_options)  # before anything else: refuse bad options early
         super().__init__()
         self._stores: dict[str, Any] = {}
+        self._resolved: dict[str, Any] | None = None  # _config with the credential chain's provider and region
         self._stores_lock = threading.Lock()
         if _first_use_pid is None:
             _first_use_pid = os.getpid()
@@ -133,9 +228,11 @@ class ObstoreFileSystem(fsspec.asyn.AsyncFileSystem):
         if not bucket:
             raise ValueError(f"{path!r} names no bucket")
         with self._stores_lock:
+            if self._resolved is None:  # botocore's chain, if needed, once per filesystem (first request)
+                self._resolved = credential_source(self._config)
             store = self._stores.get(bucket)
             if store is None:
-                store = self._stores[bucket] = S3Store(bucket, **self._config)
+                store = self._stores[bucket] = S3Store(bucket, **self._resolved)
         return store, bucket, key
 
     # -- reading ---------------------------------------------------------------------------------
