@@ -128,3 +128,24 @@ def test_environment_keys_and_region_need_no_botocore(seaweedfs, url, aws_home, 
     assert not needs_credential_chain(store_config(storage_options))
     assert needs_credential_chain(store_config({**storage_options, "profile": "other"}))  # a profile beats env
     assert_exactly_once(epoch_rows(url, storage_options), sum(map(sum, LAYOUT)))
+
+
+def test_the_default_backend_is_obstore_where_it_can_stand_in_for_s3fs(seaweedfs, aws_home, monkeypatch):
+    from s3fs import S3FileSystem
+
+    endpoint = {"client_kwargs": {"endpoint_url": seaweedfs.endpoint_url}}
+    assert isinstance(FileSystems(seaweedfs.storage_options).resolve("s3://b/k")[0], ObstoreFileSystem)
+    assert isinstance(FileSystems({**seaweedfs.storage_options, "backend": "fsspec"}).resolve("s3://b/k")[0],
+                      S3FileSystem)
+    # an option obstore cannot honour: s3fs, not an error (with backend="obstore" it is refused by name)
+    verify = {**seaweedfs.storage_options, "client_kwargs": {**endpoint["client_kwargs"], "verify": False}}
+    assert isinstance(FileSystems(verify).resolve("s3://b/k")[0], S3FileSystem)
+    # no credentials anywhere (and no instance metadata): s3fs, whose client keeps looking as before
+    assert isinstance(FileSystems(endpoint).resolve("s3://b/k")[0], S3FileSystem)
+    # credentials but no region on AWS: s3fs finds a bucket's region, obstore would sign for us-east-1
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", seaweedfs.key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", seaweedfs.secret)
+    assert isinstance(FileSystems({"config_kwargs": {"connect_timeout": 5}}).resolve("s3://b/k")[0], S3FileSystem)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")  # (other options: clients are shared per options)
+    assert isinstance(FileSystems({"config_kwargs": {"connect_timeout": 6}}).resolve("s3://b/k")[0],
+                      ObstoreFileSystem)

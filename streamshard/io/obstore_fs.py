@@ -190,6 +190,24 @@ def credential_source(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
+def auto_config(storage_options: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """The resolved ``S3Store`` settings (``credential_source``) when obstore can serve ``storage_options`` as s3fs
+    would, else ``(None, why not)``: every option is one it honours, and it knows the region (option,
+    environment, profile, or a custom endpoint: on AWS s3fs finds a bucket's region by itself, obstore does
+    not) and has credentials (options, environment, botocore's chain) or ``anon``."""
+    try:
+        config = credential_source(store_config(storage_options))
+    except ValueError as exc:
+        return None, str(exc)
+    if not (config.get("region") or config.get("endpoint") or _env_region()):
+        return None, "no region given or configured (s3fs finds a bucket's region; obstore does not)"
+    has_credentials = config.get("skip_signature") or config.get("access_key_id") or config.get("credential_provider") \
+        or (os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY"))
+    if not has_credentials:
+        return None, "no credentials found by botocore's chain (s3fs's client keeps looking, as before)"
+    return config, ""
+
+
 class ObstoreFileSystem(fsspec.asyn.AsyncFileSystem):
     """fsspec filesystem for ``s3://`` served by obstore; one ``S3Store`` per bucket, made on first use."""
 
@@ -198,12 +216,13 @@ class ObstoreFileSystem(fsspec.asyn.AsyncFileSystem):
     cachable = False  # shared by ``storage.FileSystems`` per process and options, not by fsspec
     root_marker = ""
 
-    def __init__(self, storage_options: dict[str, Any]) -> None:
+    def __init__(self, storage_options: dict[str, Any], resolved: dict[str, Any] | None = None) -> None:
         global _first_use_pid
         self._config = store_config(storage_options)  # before anything else: refuse bad options early
         super().__init__()
         self._stores: dict[str, Any] = {}
-        self._resolved: dict[str, Any] | None = None  # _config with the credential chain's provider and region
+        # _config with the credential chain's provider and region (``credential_source``), on first use if not given
+        self._resolved: dict[str, Any] | None = resolved
         self._stores_lock = threading.Lock()
         if _first_use_pid is None:
             _first_use_pid = os.getpid()
@@ -331,7 +350,8 @@ class ObstoreFileSystem(fsspec.asyn.AsyncFileSystem):
             listing = await obstore.list_with_delimiter_async(store, key or None)
         except Exception as exc:  # noqa: BLE001
             raise _error(f"s3://{bucket}/{key}", exc) from None
-        entries = [_file_info(bucket, meta) for meta in listing["objects"]]
+        objects = await self._without_folder_markers(store, bucket, listing["objects"])
+        entries = [_file_info(bucket, meta) for meta in objects]
         entries += [{"name": f"{bucket}/{p.rstrip('/')}", "size": 0, "type": "directory"}
                     for p in listing["common_prefixes"]]
         if not entries:
@@ -346,20 +366,24 @@ class ObstoreFileSystem(fsspec.asyn.AsyncFileSystem):
         store, bucket, key = self._store(path)
         try:
             metas = await obstore.list(store, key or None, chunk_size=1000).collect_async()
+            metas = await self._without_folder_markers(store, bucket, metas)
         except Exception as exc:  # noqa: BLE001
-            raise _error(f"s3://{bucket}/{key}", exc) from None
+            error = _error(f"s3://{bucket}/{key}", exc)
+            if not isinstance(error, FileNotFoundError):
+                raise error from None
+            metas = []  # a missing bucket finds nothing, as with s3fs (the catalog then asks why)
         out: dict[str, dict[str, Any]] = {}
         base = f"{bucket}/{key}".rstrip("/")
         for meta in metas:
             info = _file_info(bucket, meta)
             relative = info["name"][len(base) + 1 :].split("/")
+            if withdirs:  # the directories above it, down to maxdepth (a file deeper still has them)
+                for depth in range(1, min(len(relative), (maxdepth or len(relative)) + 1)):
+                    name = "/".join([base, *relative[:depth]])
+                    out.setdefault(name, {"name": name, "size": 0, "type": "directory"})
             if maxdepth is not None and len(relative) > maxdepth:
                 continue
             out[info["name"]] = info
-            if withdirs:
-                for depth in range(1, len(relative)):
-                    name = "/".join([base, *relative[:depth]])
-                    out.setdefault(name, {"name": name, "size": 0, "type": "directory"})
         if not out and key:
             try:  # find on a file gives the file
                 info = await self._info(path)
@@ -369,6 +393,29 @@ class ObstoreFileSystem(fsspec.asyn.AsyncFileSystem):
                 pass
         names = sorted(out)
         return {n: out[n] for n in names} if detail else names
+
+    async def _without_folder_markers(self, store: Any, bucket: str, metas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``metas`` without the zero-byte ``d/`` keys the S3 console, EMR and Spark leave as folders.
+
+        object_store lists the key ``d/`` as ``d`` (it drops the trailing slash), so such a marker looks
+        like an empty object named ``d``; s3fs lists it as a directory. A HEAD of ``d`` tells them apart:
+        an object stored under exactly ``d`` answers, a marker ``d/`` does not. Only zero-byte objects are
+        asked (never Parquet; rare), all at once."""
+        empty = [meta for meta in metas if int(meta["size"]) == 0]
+        if not empty:
+            return metas
+        import obstore
+
+        async def stored(meta: dict[str, Any]) -> bool:
+            try:
+                await obstore.head_async(store, meta["path"])
+            except FileNotFoundError:
+                return False
+            return True
+
+        answers = await asyncio.gather(*(stored(meta) for meta in empty))
+        markers = {meta["path"] for meta, found in zip(empty, answers) if not found}
+        return [meta for meta in metas if meta["path"] not in markers]
 
     def _open(self, path: str, mode: str = "rb", block_size: Any = None, autocommit: bool = True,
               cache_options: Any = None, **kwargs: Any) -> "ObstoreFile":
