@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import fsspec.asyn
+import fsspec.core
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -218,6 +219,8 @@ class Catalog:
             raise ValueError(f"columns has duplicates: {projection}")
         filesystems = FileSystems(storage_options)
         policy = retry or RetryPolicy()
+        if any(_is_remote(p) for p in _as_list(paths)):
+            warm_arrow_while_waiting()
         lister = lambda: list_sources(paths, filesystems, policy, partitioning)  # noqa: E731
         cache = CatalogCache(cache_dir, [str(p) for p in _as_list(paths)], projection) if cache_dir else None
         place = collective.process_group(group) if distributed else None
@@ -281,6 +284,36 @@ class Catalog:
             deleted_rows=deleted or None,
             rg_stored_rows=np.concatenate(stored).astype(np.int64) if deleted else None,
         )
+
+
+def _is_remote(path: Any) -> bool:
+    """Whether ``path`` is a URL of object storage or another remote filesystem (its listing waits on round trips)."""
+    protocol = fsspec.core.split_protocol(path)[0] if isinstance(path, str) else None
+    return protocol not in (None, "file", "local")
+
+
+_ARROW_WARMED = threading.Event()  # set once this process started pyarrow's first pa.array() (below)
+
+
+def warm_arrow_while_waiting() -> None:
+    """Make pyarrow's first ``pa.array()`` of this process in a background thread, once.
+
+    pyarrow imports pandas (when installed) on its first ``pa.array()``: ~0.15-0.2 s of CPU that a
+    restarted process pays before its first batch (``ParquetStream.set_epoch`` pays it on purpose right
+    after the catalog, so that forked workers inherit it). A catalog over object storage spends its first
+    round trips waiting (listing, footers), so the import runs beside those waits instead of after them
+    (measured: ``benchmarks/fresh_remote.py``)."""
+    if _ARROW_WARMED.is_set():
+        return
+    _ARROW_WARMED.set()
+
+    def first_array() -> None:
+        try:
+            pa.array(np.zeros(1, dtype=np.int64))
+        except Exception:  # noqa: BLE001 - only a warm-up: the caller's own first pa.array() reports any error
+            pass
+
+    threading.Thread(target=first_array, name="streamshard-arrow-warm-up", daemon=True).start()
 
 
 def _as_list(paths: Any) -> list[Any]:
