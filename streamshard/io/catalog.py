@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import fsspec.asyn
-import fsspec.core
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -219,7 +218,7 @@ class Catalog:
             raise ValueError(f"columns has duplicates: {projection}")
         filesystems = FileSystems(storage_options)
         policy = retry or RetryPolicy()
-        if any(_is_remote(p) for p in _as_list(paths)):
+        if _waits_on_an_event_loop(paths, filesystems):
             warm_arrow_while_waiting()
         lister = lambda: list_sources(paths, filesystems, policy, partitioning)  # noqa: E731
         cache = CatalogCache(cache_dir, [str(p) for p in _as_list(paths)], projection) if cache_dir else None
@@ -286,10 +285,17 @@ class Catalog:
         )
 
 
-def _is_remote(path: Any) -> bool:
-    """Whether ``path`` is a URL of object storage or another remote filesystem (its listing waits on round trips)."""
-    protocol = fsspec.core.split_protocol(path)[0] if isinstance(path, str) else None
-    return protocol not in (None, "file", "local")
+def _waits_on_an_event_loop(paths: Any, filesystems: FileSystems) -> bool:
+    """Whether the first path's filesystem is an async one (object storage: s3fs, obstore, gcsfs, http), whose
+    listing and footer reads this thread waits for on an event loop, not a synchronous one it would be reading
+    itself (local disk, a mount: there a second thread only contends for the GIL)."""
+    first = next((p for p in _as_list(paths) if isinstance(p, str)), None)
+    if first is None:
+        return False
+    try:
+        return is_async(filesystems.resolve(first)[0])
+    except Exception:  # noqa: BLE001 - the listing reports a URL or option it cannot resolve, as a CatalogError
+        return False
 
 
 _ARROW_WARMED = threading.Event()  # set once this process started pyarrow's first pa.array() (below)
@@ -301,8 +307,9 @@ def warm_arrow_while_waiting() -> None:
     pyarrow imports pandas (when installed) on its first ``pa.array()``: ~0.15-0.2 s of CPU that a
     restarted process pays before its first batch (``ParquetStream.set_epoch`` pays it on purpose right
     after the catalog, so that forked workers inherit it). A catalog over object storage spends its first
-    round trips waiting (listing, footers), so the import runs beside those waits instead of after them
-    (measured: ``benchmarks/fresh_remote.py``)."""
+    round trips waiting on an event loop (listing, footers), so the import runs beside those waits
+    instead of after them (measured: ``benchmarks/fresh_remote.py``). Not for synchronous filesystems:
+    their footer reads run in this thread, which the import would slow (and mislead the footer probe)."""
     if _ARROW_WARMED.is_set():
         return
     _ARROW_WARMED.set()

@@ -138,8 +138,8 @@ def _env_region() -> str | None:
 class BotocoreCredentials:
     """An obstore credential provider fed by botocore's credential chain (what s3fs, boto3 and the AWS CLI read).
 
-    ``botocore.session.Session(profile=...)`` resolves the chain once, on the first request (it may run
-    a ``credential_process`` or read an SSO token cache); each call returns botocore's current
+    ``botocore.session.Session(profile=...)`` resolves the chain once, when the filesystem is made (it may
+    run a ``credential_process`` or read an SSO token cache); each call returns botocore's current
     credentials, which botocore refreshes before they expire, with their expiry so that obstore asks
     again then (None: static credentials). ``region`` is the profile's (or the environment's) region.
     """

@@ -181,8 +181,9 @@ def _obstore_filesystem(storage_options: dict[str, Any], explicit: bool) -> Any:
             logging.getLogger("streamshard").debug("s3:// through s3fs: forked after obstore ran in pid %d",
                                                    obstore_fs._first_use_pid)
         return None
-    if explicit:
-        return obstore_fs.ObstoreFileSystem(storage_options)
+    if explicit:  # options refused by name; credentials resolved here, not on the event loop's thread
+        return obstore_fs.ObstoreFileSystem(storage_options, resolved=obstore_fs.credential_source(
+            obstore_fs.store_config(storage_options)))
     config, why_not = obstore_fs.auto_config(storage_options)
     if config is None:
         logging.getLogger("streamshard").debug("s3:// through s3fs, not obstore: %s", why_not)
