@@ -149,3 +149,20 @@ def test_the_default_backend_is_obstore_where_it_can_stand_in_for_s3fs(seaweedfs
     monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")  # (other options: clients are shared per options)
     assert isinstance(FileSystems({"config_kwargs": {"connect_timeout": 6}}).resolve("s3://b/k")[0],
                       ObstoreFileSystem)
+
+
+def test_an_endpoint_configured_outside_the_options_keeps_the_default_on_s3fs(seaweedfs, url, aws_home, monkeypatch):
+    """botocore (s3fs) reads an endpoint from AWS_ENDPOINT_URL(_S3) or the config file; obstore does not, so the
+    default must not send such a user's requests to AWS instead."""
+    from s3fs import S3FileSystem
+
+    (aws_home / "credentials").write_text(f"[ep]\naws_access_key_id = {seaweedfs.key}\n"
+                                          f"aws_secret_access_key = {seaweedfs.secret}\n")
+    (aws_home / "config").write_text(f"[profile ep]\nregion = us-east-1\nendpoint_url = {seaweedfs.endpoint_url}\n")
+    storage_options = {"profile": "ep"}
+    assert isinstance(FileSystems(storage_options).resolve(url)[0], S3FileSystem)
+    assert_exactly_once(epoch_rows(url, storage_options), sum(map(sum, LAYOUT)))  # s3fs found the server
+    (aws_home / "config").write_text("[profile ep]\nregion = us-east-1\n")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", seaweedfs.endpoint_url)
+    assert isinstance(FileSystems({"profile": "ep", "config_kwargs": {"connect_timeout": 7}}).resolve(url)[0],
+                      S3FileSystem)

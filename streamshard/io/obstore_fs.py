@@ -196,9 +196,14 @@ def auto_config(storage_options: dict[str, Any]) -> tuple[dict[str, Any] | None,
     environment, profile, or a custom endpoint: on AWS s3fs finds a bucket's region by itself, obstore does
     not) and has credentials (options, environment, botocore's chain) or ``anon``."""
     try:
-        config = credential_source(store_config(storage_options))
+        config = store_config(storage_options)
     except ValueError as exc:
         return None, str(exc)
+    if not config.get("endpoint"):
+        configured = configured_endpoint()
+        if configured:
+            return None, f"an S3 endpoint is configured outside the options ({configured}), which botocore reads and obstore does not"
+    config = credential_source(config)
     if not (config.get("region") or config.get("endpoint") or _env_region()):
         return None, "no region given or configured (s3fs finds a bucket's region; obstore does not)"
     has_credentials = config.get("skip_signature") or config.get("access_key_id") or config.get("credential_provider") \
@@ -206,6 +211,25 @@ def auto_config(storage_options: dict[str, Any]) -> tuple[dict[str, Any] | None,
     if not has_credentials:
         return None, "no credentials found by botocore's chain (s3fs's client keeps looking, as before)"
     return config, ""
+
+
+_ENDPOINT_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
+
+
+def configured_endpoint() -> str | None:
+    """Where an S3 endpoint is configured outside the options, as botocore (so s3fs) would use it: the
+    ``AWS_ENDPOINT_URL``/``AWS_ENDPOINT_URL_S3`` variables, or an ``endpoint_url`` in the AWS config file
+    (``AWS_CONFIG_FILE``, else ``~/.aws/config``; any profile, read as text without botocore). None: none."""
+    for name in _ENDPOINT_ENV:
+        if os.environ.get(name):
+            return name
+    path = os.path.expanduser(os.environ.get("AWS_CONFIG_FILE") or "~/.aws/config")
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return None
+    return f"endpoint_url in {path}" if re.search(r"^\s*endpoint_url\s*=", text, re.MULTILINE) else None
 
 
 class ObstoreFileSystem(fsspec.asyn.AsyncFileSystem):
