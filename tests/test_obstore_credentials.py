@@ -166,3 +166,7 @@ def test_an_endpoint_configured_outside_the_options_keeps_the_default_on_s3fs(se
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", seaweedfs.endpoint_url)
     assert isinstance(FileSystems({"profile": "ep", "config_kwargs": {"connect_timeout": 7}}).resolve(url)[0],
                       S3FileSystem)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3")
+    monkeypatch.setenv("AWS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")  # trusted CAs: botocore's, not obstore's
+    ca_options = {**seaweedfs.storage_options, "config_kwargs": {"connect_timeout": 8}}  # (clients are shared per options)
+    assert isinstance(FileSystems(ca_options).resolve(url)[0], S3FileSystem)

@@ -199,10 +199,10 @@ def auto_config(storage_options: dict[str, Any]) -> tuple[dict[str, Any] | None,
         config = store_config(storage_options)
     except ValueError as exc:
         return None, str(exc)
-    if not config.get("endpoint"):
-        configured = configured_endpoint()
-        if configured:
-            return None, f"an S3 endpoint is configured outside the options ({configured}), which botocore reads and obstore does not"
+    # an endpoint option outranks a configured endpoint (for botocore too); trusted CAs have no option here
+    configured = [c for c in configured_outside_options() if "ca_bundle" in c.lower() or not config.get("endpoint")]
+    if configured:
+        return None, f"{', '.join(configured)} configure S3 requests outside the options: botocore reads them, obstore does not"
     config = credential_source(config)
     if not (config.get("region") or config.get("endpoint") or _env_region()):
         return None, "no region given or configured (s3fs finds a bucket's region; obstore does not)"
@@ -213,23 +213,25 @@ def auto_config(storage_options: dict[str, Any]) -> tuple[dict[str, Any] | None,
     return config, ""
 
 
-_ENDPOINT_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
+# Settings botocore (so s3fs) takes from the environment or the AWS config file that obstore does not read:
+# where to send requests, and which certificate authorities to trust.
+_BOTOCORE_ONLY_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_CA_BUNDLE")
+_BOTOCORE_ONLY_KEYS = re.compile(r"^\s*(endpoint_url|ca_bundle)\s*=", re.MULTILINE)
 
 
-def configured_endpoint() -> str | None:
-    """Where an S3 endpoint is configured outside the options, as botocore (so s3fs) would use it: the
-    ``AWS_ENDPOINT_URL``/``AWS_ENDPOINT_URL_S3`` variables, or an ``endpoint_url`` in the AWS config file
-    (``AWS_CONFIG_FILE``, else ``~/.aws/config``; any profile, read as text without botocore). None: none."""
-    for name in _ENDPOINT_ENV:
-        if os.environ.get(name):
-            return name
+def configured_outside_options() -> list[str]:
+    """What configures S3 requests outside the options as botocore (so s3fs) would read it and obstore would
+    not: ``AWS_ENDPOINT_URL``/``AWS_ENDPOINT_URL_S3``/``AWS_CA_BUNDLE``, or an ``endpoint_url``/``ca_bundle``
+    in the AWS config file (``AWS_CONFIG_FILE``, else ``~/.aws/config``; any profile, read as text without
+    botocore), each named; empty: nothing."""
+    found = [name for name in _BOTOCORE_ONLY_ENV if os.environ.get(name)]
     path = os.path.expanduser(os.environ.get("AWS_CONFIG_FILE") or "~/.aws/config")
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read()
+            found += [f"{key} in {path}" for key in sorted(set(_BOTOCORE_ONLY_KEYS.findall(f.read())))]
     except OSError:
-        return None
-    return f"endpoint_url in {path}" if re.search(r"^\s*endpoint_url\s*=", text, re.MULTILINE) else None
+        pass
+    return found
 
 
 class ObstoreFileSystem(fsspec.asyn.AsyncFileSystem):
