@@ -166,7 +166,20 @@ def test_an_endpoint_configured_outside_the_options_keeps_the_default_on_s3fs(se
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", seaweedfs.endpoint_url)
     assert isinstance(FileSystems({"profile": "ep", "config_kwargs": {"connect_timeout": 7}}).resolve(url)[0],
                       S3FileSystem)
+    (aws_home / "config").write_text("[profile ep]\nregion = us-east-1\nca_bundle = /etc/ssl/certs/ours.pem\n")
     monkeypatch.delenv("AWS_ENDPOINT_URL_S3")
-    monkeypatch.setenv("AWS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")  # trusted CAs: botocore's, not obstore's
     ca_options = {**seaweedfs.storage_options, "config_kwargs": {"connect_timeout": 8}}  # (clients are shared per options)
-    assert isinstance(FileSystems(ca_options).resolve(url)[0], S3FileSystem)
+    assert isinstance(FileSystems(ca_options).resolve(url)[0], S3FileSystem)  # trusted CAs obstore does not read
+
+
+def test_aws_ca_bundle_is_given_to_obstore_as_trusted_roots(seaweedfs, url, aws_home, monkeypatch):
+    from streamshard.io.obstore_fs import auto_config
+
+    bundle = aws_home / "bundle.pem"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\nnot checked here\n-----END CERTIFICATE-----\n")
+    monkeypatch.setenv("AWS_CA_BUNDLE", str(bundle))
+    config, why_not = auto_config(seaweedfs.storage_options)
+    assert config is not None, why_not
+    assert config["client_options"]["root_certificate"] == bundle.read_text()
+    monkeypatch.setenv("AWS_CA_BUNDLE", str(aws_home / "missing.pem"))
+    assert auto_config(seaweedfs.storage_options)[0] is None  # unreadable: s3fs, which reports it

@@ -168,11 +168,19 @@ class BotocoreCredentials:
 
 
 def credential_source(config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` with botocore's chain filled in where ``needs_credential_chain``: a ``credential_provider``
+    """``config`` with ``AWS_CA_BUNDLE``'s certificates trusted, and botocore's chain filled in where
+    ``needs_credential_chain``: a ``credential_provider``
     (unless botocore finds nothing: obstore's own chain then answers) and the chain's region when none was
     given. Unchanged when botocore is not installed (obstore's own chain: environment, web identity,
     container and instance metadata)."""
     config = dict(config)
+    bundle = os.environ.get("AWS_CA_BUNDLE")
+    if bundle and "client_options" in config:  # botocore trusts these CAs (only); obstore adds them to its roots
+        try:
+            with open(bundle, encoding="ascii", errors="replace") as f:
+                config["client_options"] = {**config["client_options"], "root_certificate": f.read()}
+        except OSError as exc:
+            raise ValueError(f"AWS_CA_BUNDLE={bundle!r} cannot be read: {exc}") from None
     profile = config.pop("profile", None)
     if not needs_credential_chain({**config, "profile": profile}):
         return config
@@ -203,7 +211,10 @@ def auto_config(storage_options: dict[str, Any]) -> tuple[dict[str, Any] | None,
     configured = [c for c in configured_outside_options() if "ca_bundle" in c.lower() or not config.get("endpoint")]
     if configured:
         return None, f"{', '.join(configured)} configure S3 requests outside the options: botocore reads them, obstore does not"
-    config = credential_source(config)
+    try:
+        config = credential_source(config)
+    except ValueError as exc:  # an unreadable AWS_CA_BUNDLE, say: s3fs reports it as it always has
+        return None, str(exc)
     if not (config.get("region") or config.get("endpoint") or _env_region()):
         return None, "no region given or configured (s3fs finds a bucket's region; obstore does not)"
     has_credentials = config.get("skip_signature") or config.get("access_key_id") or config.get("credential_provider") \
@@ -215,14 +226,14 @@ def auto_config(storage_options: dict[str, Any]) -> tuple[dict[str, Any] | None,
 
 # Settings botocore (so s3fs) takes from the environment or the AWS config file that obstore does not read:
 # where to send requests, and which certificate authorities to trust.
-_BOTOCORE_ONLY_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_CA_BUNDLE")
+_BOTOCORE_ONLY_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
 _BOTOCORE_ONLY_KEYS = re.compile(r"^\s*(endpoint_url|ca_bundle)\s*=", re.MULTILINE)
 
 
 def configured_outside_options() -> list[str]:
     """What configures S3 requests outside the options as botocore (so s3fs) would read it and obstore would
-    not: ``AWS_ENDPOINT_URL``/``AWS_ENDPOINT_URL_S3``/``AWS_CA_BUNDLE``, or an ``endpoint_url``/``ca_bundle``
-    in the AWS config file (``AWS_CONFIG_FILE``, else ``~/.aws/config``; any profile, read as text without
+    not: ``AWS_ENDPOINT_URL``/``AWS_ENDPOINT_URL_S3``, or an ``endpoint_url``/``ca_bundle`` in the AWS
+    config file (``AWS_CONFIG_FILE``, else ``~/.aws/config``; any profile, read as text without
     botocore), each named; empty: nothing."""
     found = [name for name in _BOTOCORE_ONLY_ENV if os.environ.get(name)]
     path = os.path.expanduser(os.environ.get("AWS_CONFIG_FILE") or "~/.aws/config")
