@@ -74,14 +74,15 @@ def test_an_epoch_with_ten_percent_faults_yields_the_fault_free_batches(s3, corp
     assert sorted(ids[ids >= 0].tolist()) == list(range(NUM_ROWS))
 
 
-def test_every_fault_kind_is_retried_by_the_reader(s3, corpus, proxy):
-    catalog = Catalog.build(corpus, ["id"], via(proxy, s3))
+@pytest.mark.parametrize("backend", ["auto", "fsspec"])  # the default client (obstore where installed) and s3fs
+def test_every_fault_kind_is_retried_by_the_reader(s3, corpus, proxy, backend):
+    catalog = Catalog.build(corpus, ["id"], via(proxy, s3, backend=backend))
     expected = [RowGroupReader.from_catalog(catalog, s3.storage_options).read(int(f), int(g))
                 for f, g in zip(catalog.rg_file, catalog.rg_index)]
     proxy.config.fault_rate = 0.4
     proxy.config.faults = ("503", "500", "reset", "truncate", "stall")
     proxy.config.stall_seconds = 0.5
-    options = via(proxy, s3, config_kwargs={"read_timeout": 0.2, "connect_timeout": 0.2})
+    options = via(proxy, s3, config_kwargs={"read_timeout": 0.2, "connect_timeout": 0.2}, backend=backend)
     SHARED_FOOTERS.clear()  # the footers are fetched under faults too, not taken from the catalog's reads
     for attempt in range(1):
         reader = RowGroupReader.from_catalog(catalog, options, retry=FAST)

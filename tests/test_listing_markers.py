@@ -80,19 +80,23 @@ def test_memory_filesystem_skips_side_files():
         fs.rm(base, recursive=True)
 
 
-def test_s3_console_folder_markers_are_not_files(s3):
+@pytest.mark.parametrize("backend", ["fsspec", "obstore"])
+def test_s3_console_folder_markers_are_not_files(s3, backend):
     """Keys as the S3 console, EMR and Spark leave them: ``d/`` and ``d/sub/`` zero-byte objects, ``d/sub_$folder$``,
     ``_SUCCESS``; before, the catalog failed on the first (``not a Parquet file (0 bytes is too small)``)."""
     import boto3
 
     client = boto3.client("s3", endpoint_url=s3.endpoint_url, aws_access_key_id=s3.key,
                           aws_secret_access_key=s3.secret, region_name=s3.region)
-    client.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": s3.region})
+    if BUCKET not in [b["Name"] for b in client.list_buckets()["Buckets"]]:
+        client.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": s3.region})
     objects = {"d/": b"", "d/sub/": b"", "d/sub/part-0.parquet": _parquet(5), "d/part-1.parquet": _parquet(2, 5),
                "d/sub_$folder$": b"", "d/_SUCCESS": b"", "d/empty/": b"", "d/sub/.part-0.parquet.crc": b"c"}
     for key, body in objects.items():
         client.put_object(Bucket=BUCKET, Key=key, Body=body)
-    options = s3.storage_options
+    if backend == "obstore":
+        pytest.importorskip("obstore")
+    options = {**s3.storage_options, "backend": backend}
     want = list(range(7))
     assert _ids(f"s3://{BUCKET}/d", **options) == want
     assert _ids(f"s3://{BUCKET}/d/", **options) == want

@@ -222,8 +222,8 @@ def test_s3fs_style_options_map_to_obstore_settings():
 
 
 def test_an_option_obstore_cannot_honour_is_refused_by_name():
-    with pytest.raises(ValueError, match=r"\['profile', 'client_kwargs.verify'\].*not supported"):
-        store_config({"profile": "dev", "client_kwargs": {"verify": False}})
+    with pytest.raises(ValueError, match=r"\['session', 'client_kwargs.verify'\].*not supported"):
+        store_config({"session": object(), "profile": "dev", "client_kwargs": {"verify": False}})
 
 
 @pytest.mark.parametrize("message, kind, transient", [

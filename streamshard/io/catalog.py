@@ -218,6 +218,8 @@ class Catalog:
             raise ValueError(f"columns has duplicates: {projection}")
         filesystems = FileSystems(storage_options)
         policy = retry or RetryPolicy()
+        if _waits_on_an_event_loop(paths, filesystems):
+            warm_arrow_while_waiting()
         lister = lambda: list_sources(paths, filesystems, policy, partitioning)  # noqa: E731
         cache = CatalogCache(cache_dir, [str(p) for p in _as_list(paths)], projection) if cache_dir else None
         place = collective.process_group(group) if distributed else None
@@ -281,6 +283,44 @@ class Catalog:
             deleted_rows=deleted or None,
             rg_stored_rows=np.concatenate(stored).astype(np.int64) if deleted else None,
         )
+
+
+def _waits_on_an_event_loop(paths: Any, filesystems: FileSystems) -> bool:
+    """Whether the first path's filesystem is an async one (object storage: s3fs, obstore, gcsfs, http), whose
+    listing and footer reads this thread waits for on an event loop, not a synchronous one it would be reading
+    itself (local disk, a mount: there a second thread only contends for the GIL)."""
+    first = next((p for p in _as_list(paths) if isinstance(p, str)), None)
+    if first is None:
+        return False
+    try:
+        return is_async(filesystems.resolve(first)[0])
+    except Exception:  # noqa: BLE001 - the listing reports a URL or option it cannot resolve, as a CatalogError
+        return False
+
+
+_ARROW_WARMED = threading.Event()  # set once this process started pyarrow's first pa.array() (below)
+
+
+def warm_arrow_while_waiting() -> None:
+    """Make pyarrow's first ``pa.array()`` of this process in a background thread, once.
+
+    pyarrow imports pandas (when installed) on its first ``pa.array()``: ~0.15-0.2 s of CPU that a
+    restarted process pays before its first batch (``ParquetStream.set_epoch`` pays it on purpose right
+    after the catalog, so that forked workers inherit it). A catalog over object storage spends its first
+    round trips waiting on an event loop (listing, footers), so the import runs beside those waits
+    instead of after them (measured: ``benchmarks/fresh_remote.py``). Not for synchronous filesystems:
+    their footer reads run in this thread, which the import would slow (and mislead the footer probe)."""
+    if _ARROW_WARMED.is_set():
+        return
+    _ARROW_WARMED.set()
+
+    def first_array() -> None:
+        try:
+            pa.array(np.zeros(1, dtype=np.int64))
+        except Exception:  # noqa: BLE001 - only a warm-up: the caller's own first pa.array() reports any error
+            pass
+
+    threading.Thread(target=first_array, name="streamshard-arrow-warm-up", daemon=True).start()
 
 
 def _as_list(paths: Any) -> list[Any]:

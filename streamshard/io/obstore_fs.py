@@ -2,10 +2,22 @@
 
 Chosen with ``storage_options={"backend": "obstore", ...}``; the other options keep their s3fs
 meaning (``key``, ``secret``, ``token``, ``anon``, ``endpoint_url``, ``region``, ``client_kwargs``,
-``config_kwargs``, ``use_ssl``, ``requester_pays``) and an option it cannot honour is refused by
-name rather than ignored. Measured on SeaweedFS (``benchmarks/object_client.py``), a ranged GET costs
-the client 3-8x less CPU than through s3fs/aiobotocore, which is what a cold catalog of many small
-files and a worker's read-ahead spend their time on.
+``config_kwargs``, ``use_ssl``, ``requester_pays``, ``profile``) and an option it cannot honour is
+refused by name rather than ignored.
+
+Credentials: options given (``key``/``secret``/``token``, ``anon``) win. Otherwise they come from
+botocore's credential chain, as s3fs's do (``BotocoreCredentials``): environment, the ``profile``'s
+(or ``AWS_PROFILE``'s) ``~/.aws`` credentials and config, ``credential_process``, SSO, assumed roles,
+web identity, container and instance metadata; credentials that expire are refreshed by botocore
+before they do, and obstore asks again at their expiry. botocore is imported only when needed (about
+0.1 s of CPU): not when the options or ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` and a region
+(option or ``AWS_REGION``/``AWS_DEFAULT_REGION``) say it all, as botocore would read the environment
+first too. Without botocore installed, obstore's own chain applies (environment, web identity,
+container and instance metadata; no profiles).
+
+Measured on SeaweedFS (``benchmarks/object_client.py``), a ranged GET costs the client 3-8x less
+CPU than through s3fs/aiobotocore, which is what a cold catalog of many small files and a worker's
+read-ahead spend their time on.
 
 ``ObstoreFileSystem`` is an fsspec ``AsyncFileSystem``, so the catalog and the reader use it as they
 use s3fs: ``info`` (size and ``ETag``, in s3fs's format, so versions, catalog caches and checkpoint
@@ -28,6 +40,7 @@ import asyncio
 import os
 import re
 import threading
+from datetime import timezone
 from typing import Any, Sequence
 
 import fsspec.asyn
@@ -41,7 +54,7 @@ _TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 _STATUS = re.compile(r"status code: (\d{3})")
 _XML = re.compile(r"<Code>([^<]*)</Code>\s*<Message>([^<]*)</Message>")
 _TOP_LEVEL = {"backend", "key", "secret", "token", "anon", "endpoint_url", "region", "client_kwargs",
-              "config_kwargs", "use_ssl", "requester_pays"}
+              "config_kwargs", "use_ssl", "requester_pays", "profile"}
 _CLIENT_KWARGS = {"endpoint_url", "region_name", "aws_access_key_id", "aws_secret_access_key", "aws_session_token"}
 _CONFIG_KWARGS = {"connect_timeout", "read_timeout", "s3", "retries", "max_pool_connections", "signature_version"}
 
@@ -86,6 +99,8 @@ def store_config(storage_options: dict[str, Any]) -> dict[str, Any]:
     config["virtual_hosted_style_request"] = addressing == "virtual" or (addressing == "auto" and not endpoint)
     if storage_options.get("requester_pays"):
         config["request_payer"] = True
+    if storage_options.get("profile") and not storage_options.get("anon") and not credentials["access_key_id"]:
+        config["profile"] = storage_options["profile"]  # for the credential chain (``credential_source``)
     client_options: dict[str, Any] = {
         "connect_timeout": f"{float(settings.get('connect_timeout', 10))}s",
         "read_timeout": f"{float(settings.get('read_timeout', 30))}s",
@@ -96,6 +111,140 @@ def store_config(storage_options: dict[str, Any]) -> dict[str, Any]:
     return {**config, "client_options": client_options, "retry_config": {"max_retries": 0}}
 
 
+_REGION_ENV = ("AWS_REGION", "AWS_DEFAULT_REGION")
+
+
+def needs_credential_chain(config: dict[str, Any]) -> bool:
+    """Whether ``config`` (from ``store_config``) leaves credentials or the region to botocore's chain.
+
+    Not when the options give the credentials (or ``anon``), nor when, with no ``profile`` option,
+    the environment's ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` (which botocore reads first)
+    and a region (option, environment, or a custom endpoint's) are there for obstore to read itself.
+    """
+    if config.get("skip_signature"):
+        return False
+    if config.get("access_key_id"):
+        return not config.get("region") and not config.get("endpoint") and not _env_region()
+    if config.get("profile"):
+        return True
+    env_keys = bool(os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY"))
+    return not (env_keys and (config.get("region") or config.get("endpoint") or _env_region()))
+
+
+def _env_region() -> str | None:
+    return next((os.environ[name] for name in _REGION_ENV if os.environ.get(name)), None)
+
+
+class BotocoreCredentials:
+    """An obstore credential provider fed by botocore's credential chain (what s3fs, boto3 and the AWS CLI read).
+
+    ``botocore.session.Session(profile=...)`` resolves the chain once, when the filesystem is made (it may
+    run a ``credential_process`` or read an SSO token cache); each call returns botocore's current
+    credentials, which botocore refreshes before they expire, with their expiry so that obstore asks
+    again then (None: static credentials). ``region`` is the profile's (or the environment's) region.
+    """
+
+    def __init__(self, profile: str | None = None) -> None:
+        import botocore.session
+
+        self.profile = profile
+        session = botocore.session.Session(profile=profile)
+        self.region: str | None = session.get_config_variable("region")
+        self._credentials = session.get_credentials()  # None: the chain found nothing
+
+    @property
+    def found(self) -> bool:
+        return self._credentials is not None
+
+    def __call__(self) -> dict[str, Any]:
+        if self._credentials is None:
+            raise PermissionError(f"no AWS credentials found by botocore's chain (profile {self.profile!r})")
+        frozen = self._credentials.get_frozen_credentials()  # refreshed by botocore when near expiry
+        expiry = getattr(self._credentials, "_expiry_time", None)  # RefreshableCredentials only
+        if expiry is not None:  # botocore's is dateutil's tzutc/tzlocal; obstore takes datetime.timezone.utc only
+            expiry = (expiry if expiry.tzinfo else expiry.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
+        return {"access_key_id": frozen.access_key, "secret_access_key": frozen.secret_key, "token": frozen.token,
+                "expires_at": expiry}
+
+
+def credential_source(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with ``AWS_CA_BUNDLE``'s certificates trusted, and botocore's chain filled in where
+    ``needs_credential_chain``: a ``credential_provider``
+    (unless botocore finds nothing: obstore's own chain then answers) and the chain's region when none was
+    given. Unchanged when botocore is not installed (obstore's own chain: environment, web identity,
+    container and instance metadata)."""
+    config = dict(config)
+    bundle = os.environ.get("AWS_CA_BUNDLE")
+    if bundle and "client_options" in config:  # botocore trusts these CAs (only); obstore adds them to its roots
+        try:
+            with open(bundle, encoding="ascii", errors="replace") as f:
+                config["client_options"] = {**config["client_options"], "root_certificate": f.read()}
+        except OSError as exc:
+            raise ValueError(f"AWS_CA_BUNDLE={bundle!r} cannot be read: {exc}") from None
+    profile = config.pop("profile", None)
+    if not needs_credential_chain({**config, "profile": profile}):
+        return config
+    try:
+        provider = BotocoreCredentials(profile)
+    except ImportError:
+        if profile:
+            raise ValueError(f"storage_options profile={profile!r} with backend='obstore' needs botocore "
+                             f"(pip install botocore) to read the AWS profile") from None
+        return config
+    if provider.region and not config.get("region"):
+        config["region"] = provider.region
+    if provider.found and not config.get("access_key_id"):
+        config["credential_provider"] = provider
+    return config
+
+
+def auto_config(storage_options: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """The resolved ``S3Store`` settings (``credential_source``) when obstore can serve ``storage_options`` as s3fs
+    would, else ``(None, why not)``: every option is one it honours, and it knows the region (option,
+    environment, profile, or a custom endpoint: on AWS s3fs finds a bucket's region by itself, obstore does
+    not) and has credentials (options, environment, botocore's chain) or ``anon``."""
+    try:
+        config = store_config(storage_options)
+    except ValueError as exc:
+        return None, str(exc)
+    # an endpoint option outranks a configured endpoint (for botocore too); trusted CAs have no option here
+    configured = [c for c in configured_outside_options() if "ca_bundle" in c.lower() or not config.get("endpoint")]
+    if configured:
+        return None, f"{', '.join(configured)} configure S3 requests outside the options: botocore reads them, obstore does not"
+    try:
+        config = credential_source(config)
+    except ValueError as exc:  # an unreadable AWS_CA_BUNDLE, say: s3fs reports it as it always has
+        return None, str(exc)
+    if not (config.get("region") or config.get("endpoint") or _env_region()):
+        return None, "no region given or configured (s3fs finds a bucket's region; obstore does not)"
+    has_credentials = config.get("skip_signature") or config.get("access_key_id") or config.get("credential_provider") \
+        or (os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY"))
+    if not has_credentials:
+        return None, "no credentials found by botocore's chain (s3fs's client keeps looking, as before)"
+    return config, ""
+
+
+# Settings botocore (so s3fs) takes from the environment or the AWS config file that obstore does not read:
+# where to send requests, and which certificate authorities to trust.
+_BOTOCORE_ONLY_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
+_BOTOCORE_ONLY_KEYS = re.compile(r"^\s*(endpoint_url|ca_bundle)\s*=", re.MULTILINE)
+
+
+def configured_outside_options() -> list[str]:
+    """What configures S3 requests outside the options as botocore (so s3fs) would read it and obstore would
+    not: ``AWS_ENDPOINT_URL``/``AWS_ENDPOINT_URL_S3``, or an ``endpoint_url``/``ca_bundle`` in the AWS
+    config file (``AWS_CONFIG_FILE``, else ``~/.aws/config``; any profile, read as text without
+    botocore), each named; empty: nothing."""
+    found = [name for name in _BOTOCORE_ONLY_ENV if os.environ.get(name)]
+    path = os.path.expanduser(os.environ.get("AWS_CONFIG_FILE") or "~/.aws/config")
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            found += [f"{key} in {path}" for key in sorted(set(_BOTOCORE_ONLY_KEYS.findall(f.read())))]
+    except OSError:
+        pass
+    return found
+
+
 class ObstoreFileSystem(fsspec.asyn.AsyncFileSystem):
     """fsspec filesystem for ``s3://`` served by obstore; one ``S3Store`` per bucket, made on first use."""
 
@@ -104,11 +253,13 @@ class ObstoreFileSystem(fsspec.asyn.AsyncFileSystem):
     cachable = False  # shared by ``storage.FileSystems`` per process and options, not by fsspec
     root_marker = ""
 
-    def __init__(self, storage_options: dict[str, Any]) -> None:
+    def __init__(self, storage_options: dict[str, Any], resolved: dict[str, Any] | None = None) -> None:
         global _first_use_pid
         self._config = store_config(storage_options)  # before anything else: refuse bad options early
         super().__init__()
         self._stores: dict[str, Any] = {}
+        # _config with the credential chain's provider and region (``credential_source``), on first use if not given
+        self._resolved: dict[str, Any] | None = resolved
         self._stores_lock = threading.Lock()
         if _first_use_pid is None:
             _first_use_pid = os.getpid()
@@ -133,9 +284,11 @@ class ObstoreFileSystem(fsspec.asyn.AsyncFileSystem):
         if not bucket:
             raise ValueError(f"{path!r} names no bucket")
         with self._stores_lock:
+            if self._resolved is None:  # botocore's chain, if needed, once per filesystem (first request)
+                self._resolved = credential_source(self._config)
             store = self._stores.get(bucket)
             if store is None:
-                store = self._stores[bucket] = S3Store(bucket, **self._config)
+                store = self._stores[bucket] = S3Store(bucket, **self._resolved)
         return store, bucket, key
 
     # -- reading ---------------------------------------------------------------------------------
@@ -234,7 +387,8 @@ class ObstoreFileSystem(fsspec.asyn.AsyncFileSystem):
             listing = await obstore.list_with_delimiter_async(store, key or None)
         except Exception as exc:  # noqa: BLE001
             raise _error(f"s3://{bucket}/{key}", exc) from None
-        entries = [_file_info(bucket, meta) for meta in listing["objects"]]
+        objects = await self._without_folder_markers(store, bucket, listing["objects"])
+        entries = [_file_info(bucket, meta) for meta in objects]
         entries += [{"name": f"{bucket}/{p.rstrip('/')}", "size": 0, "type": "directory"}
                     for p in listing["common_prefixes"]]
         if not entries:
@@ -249,20 +403,24 @@ class ObstoreFileSystem(fsspec.asyn.AsyncFileSystem):
         store, bucket, key = self._store(path)
         try:
             metas = await obstore.list(store, key or None, chunk_size=1000).collect_async()
+            metas = await self._without_folder_markers(store, bucket, metas)
         except Exception as exc:  # noqa: BLE001
-            raise _error(f"s3://{bucket}/{key}", exc) from None
+            error = _error(f"s3://{bucket}/{key}", exc)
+            if not isinstance(error, FileNotFoundError):
+                raise error from None
+            metas = []  # a missing bucket finds nothing, as with s3fs (the catalog then asks why)
         out: dict[str, dict[str, Any]] = {}
         base = f"{bucket}/{key}".rstrip("/")
         for meta in metas:
             info = _file_info(bucket, meta)
             relative = info["name"][len(base) + 1 :].split("/")
+            if withdirs:  # the directories above it, down to maxdepth (a file deeper still has them)
+                for depth in range(1, min(len(relative), (maxdepth or len(relative)) + 1)):
+                    name = "/".join([base, *relative[:depth]])
+                    out.setdefault(name, {"name": name, "size": 0, "type": "directory"})
             if maxdepth is not None and len(relative) > maxdepth:
                 continue
             out[info["name"]] = info
-            if withdirs:
-                for depth in range(1, len(relative)):
-                    name = "/".join([base, *relative[:depth]])
-                    out.setdefault(name, {"name": name, "size": 0, "type": "directory"})
         if not out and key:
             try:  # find on a file gives the file
                 info = await self._info(path)
@@ -272,6 +430,29 @@ class ObstoreFileSystem(fsspec.asyn.AsyncFileSystem):
                 pass
         names = sorted(out)
         return {n: out[n] for n in names} if detail else names
+
+    async def _without_folder_markers(self, store: Any, bucket: str, metas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``metas`` without the zero-byte ``d/`` keys the S3 console, EMR and Spark leave as folders.
+
+        object_store lists the key ``d/`` as ``d`` (it drops the trailing slash), so such a marker looks
+        like an empty object named ``d``; s3fs lists it as a directory. A HEAD of ``d`` tells them apart:
+        an object stored under exactly ``d`` answers, a marker ``d/`` does not. Only zero-byte objects are
+        asked (never Parquet; rare), all at once."""
+        empty = [meta for meta in metas if int(meta["size"]) == 0]
+        if not empty:
+            return metas
+        import obstore
+
+        async def stored(meta: dict[str, Any]) -> bool:
+            try:
+                await obstore.head_async(store, meta["path"])
+            except FileNotFoundError:
+                return False
+            return True
+
+        answers = await asyncio.gather(*(stored(meta) for meta in empty))
+        markers = {meta["path"] for meta, found in zip(empty, answers) if not found}
+        return [meta for meta in metas if meta["path"] not in markers]
 
     def _open(self, path: str, mode: str = "rb", block_size: Any = None, autocommit: bool = True,
               cache_options: Any = None, **kwargs: Any) -> "ObstoreFile":

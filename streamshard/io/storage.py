@@ -137,21 +137,20 @@ def _shared_filesystem(protocol: str, url: str, storage_options: dict[str, Any])
         return fs
 
 
-BACKENDS = ("fsspec", "obstore")  # storage_options["backend"]: who serves s3:// (other protocols: fsspec)
+# storage_options["backend"]: who serves s3:// (other protocols: fsspec). "auto", the default: obstore where
+# it can stand in for s3fs (``obstore_fs.auto_config``), else s3fs ("fsspec").
+BACKENDS = ("auto", "fsspec", "obstore")
 
 
 def _new_filesystem(protocol: str, url: str, storage_options: dict[str, Any]) -> tuple[Any, str]:
-    backend = storage_options.get("backend", "fsspec")
+    backend = storage_options.get("backend", "auto")
     if backend not in BACKENDS:
         raise ValueError(f"storage_options backend={backend!r} is not one of {BACKENDS}")
     storage_options = {k: v for k, v in storage_options.items() if k != "backend"}
-    if backend == "obstore" and protocol in ("s3", "s3a"):
-        from . import obstore_fs
-
-        if not obstore_fs.forked_after_use():
-            fs = obstore_fs.ObstoreFileSystem(storage_options)
+    if backend != "fsspec" and protocol in ("s3", "s3a"):
+        fs = _obstore_filesystem(storage_options, explicit=backend == "obstore")
+        if fs is not None:
             return fs, fs._strip_protocol(url)
-        _warn_forked_obstore()
     options = with_backend_defaults(protocol, storage_options)
     attributes = {k: v for k, v in _BACKEND_ATTRIBUTES.get(protocol, {}).items() if k not in storage_options}
     if attributes:
@@ -160,6 +159,36 @@ def _new_filesystem(protocol: str, url: str, storage_options: dict[str, Any]) ->
     for name, value in attributes.items():
         setattr(fs, name, value)
     return fs, path
+
+
+def _obstore_filesystem(storage_options: dict[str, Any], explicit: bool) -> Any:
+    """The obstore filesystem for ``storage_options``, or None where s3fs serves instead.
+
+    Asked for (``explicit``): obstore, unless this process was forked after obstore ran (a warning).
+    By default: obstore when installed, not forked after use, and ``obstore_fs.auto_config`` finds the
+    options, credentials and region it needs; else s3fs, silently (the reason at DEBUG).
+    """
+    from importlib.util import find_spec
+
+    if not explicit and find_spec("obstore") is None:
+        return None
+    from . import obstore_fs
+
+    if obstore_fs.forked_after_use():
+        if explicit:
+            _warn_forked_obstore()
+        else:
+            logging.getLogger("streamshard").debug("s3:// through s3fs: forked after obstore ran in pid %d",
+                                                   obstore_fs._first_use_pid)
+        return None
+    if explicit:  # options refused by name; credentials resolved here, not on the event loop's thread
+        return obstore_fs.ObstoreFileSystem(storage_options, resolved=obstore_fs.credential_source(
+            obstore_fs.store_config(storage_options)))
+    config, why_not = obstore_fs.auto_config(storage_options)
+    if config is None:
+        logging.getLogger("streamshard").debug("s3:// through s3fs, not obstore: %s", why_not)
+        return None
+    return obstore_fs.ObstoreFileSystem(storage_options, resolved=config)
 
 
 def _warn_forked_obstore() -> None:
