@@ -142,13 +142,16 @@ def test_the_default_backend_is_obstore_where_it_can_stand_in_for_s3fs(seaweedfs
     assert isinstance(FileSystems(verify).resolve("s3://b/k")[0], S3FileSystem)
     # no credentials anywhere (and no instance metadata): s3fs, whose client keeps looking as before
     assert isinstance(FileSystems(endpoint).resolve("s3://b/k")[0], S3FileSystem)
-    # credentials but no region on AWS: s3fs finds a bucket's region, obstore would sign for us-east-1
+    # credentials but no region in the options, on AWS: s3fs finds each bucket's region (botocore follows the
+    # redirect of a bucket in another region), obstore signs for the region it is given and fails there; a
+    # region from the environment (or a profile) is a default, not the bucket's, so it keeps s3fs too
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", seaweedfs.key)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", seaweedfs.secret)
     assert isinstance(FileSystems({"config_kwargs": {"connect_timeout": 5}}).resolve("s3://b/k")[0], S3FileSystem)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")  # (other options: clients are shared per options)
-    assert isinstance(FileSystems({"config_kwargs": {"connect_timeout": 6}}).resolve("s3://b/k")[0],
-                      ObstoreFileSystem)
+    assert isinstance(FileSystems({"config_kwargs": {"connect_timeout": 6}}).resolve("s3://b/k")[0], S3FileSystem)
+    assert isinstance(FileSystems({"config_kwargs": {"connect_timeout": 7}, "region": "eu-west-1"}).resolve(
+        "s3://b/k")[0], ObstoreFileSystem)
 
 
 def test_an_endpoint_configured_outside_the_options_keeps_the_default_on_s3fs(seaweedfs, url, aws_home, monkeypatch):

@@ -200,13 +200,18 @@ def credential_source(config: dict[str, Any]) -> dict[str, Any]:
 
 def auto_config(storage_options: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     """The resolved ``S3Store`` settings (``credential_source``) when obstore can serve ``storage_options`` as s3fs
-    would, else ``(None, why not)``: every option is one it honours, and it knows the region (option,
-    environment, profile, or a custom endpoint: on AWS s3fs finds a bucket's region by itself, obstore does
-    not) and has credentials (options, environment, botocore's chain) or ``anon``."""
+    would, else ``(None, why not)``: every option is one it honours, the store is a custom endpoint or the
+    options name the bucket's region, and it has credentials (options, environment, botocore's chain) or
+    ``anon``. On AWS s3fs finds each bucket's region by itself (botocore follows the redirect a bucket in
+    another region answers with); obstore signs for the region it is given and fails there, so a region
+    from the environment or a profile, a default rather than the bucket's, keeps s3fs."""
     try:
         config = store_config(storage_options)
     except ValueError as exc:
         return None, str(exc)
+    if not (config.get("region") or config.get("endpoint")):
+        return None, ("on AWS with no region in the options: s3fs finds each bucket's region, obstore uses the one "
+                      "it is given (pass storage_options region=, or backend='obstore', to use obstore)")
     # an endpoint option outranks a configured endpoint (for botocore too); trusted CAs have no option here
     configured = [c for c in configured_outside_options() if "ca_bundle" in c.lower() or not config.get("endpoint")]
     if configured:
@@ -215,8 +220,6 @@ def auto_config(storage_options: dict[str, Any]) -> tuple[dict[str, Any] | None,
         config = credential_source(config)
     except ValueError as exc:  # an unreadable AWS_CA_BUNDLE, say: s3fs reports it as it always has
         return None, str(exc)
-    if not (config.get("region") or config.get("endpoint") or _env_region()):
-        return None, "no region given or configured (s3fs finds a bucket's region; obstore does not)"
     has_credentials = config.get("skip_signature") or config.get("access_key_id") or config.get("credential_provider") \
         or (os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY"))
     if not has_credentials:
