@@ -217,6 +217,7 @@ class RowGroupReader:
         self.files_opened = 0  # distinct files this reader touched (laziness is observable)
         self._touched: set[int] = set()
         self._lock = threading.Lock()
+        self._estimates: dict[tuple[int, int], int] = {}  # decoded_estimate's, per (file, row group)
 
     @classmethod
     def from_catalog(cls, catalog: Any, storage_options: dict[str, Any] | None = None,
@@ -269,6 +270,22 @@ class RowGroupReader:
             raise self._error(file_index, row_group, exc) from None
         self._count_read(table.num_rows, time.perf_counter() - started)
         return table
+
+    def decoded_estimate(self, file_index: int, row_group: int) -> int:
+        """Estimated Arrow bytes of the group's projected columns (``format/decoded_size.py``), for
+        read-ahead's byte budget (``streams/delivery.py``); 0 when its compressed bytes already show it
+        small (nothing fetched). Otherwise from its file's footer, fetched once per file (the read then
+        reuses it); remembered per group."""
+        key = (file_index, row_group)
+        known = self._estimates.get(key)
+        if known is None:
+            try:
+                metadata = self._footer_unless_small(file_index, row_group)
+            except Exception as exc:  # noqa: BLE001 - fsspec/pyarrow/botocore raise many types
+                raise self._error(file_index, row_group, exc) from None
+            known = 0 if metadata is None else row_group_decoded_bytes(metadata, row_group, self.columns)
+            self._estimates[key] = known
+        return known
 
     def _count_read(self, rows: int, seconds: float) -> None:
         with self._lock:
