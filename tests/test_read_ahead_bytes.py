@@ -85,3 +85,30 @@ def test_a_budget_of_two_groups_reads_one_ahead(tmp_path, monkeypatch, shuffle):
     assert stats.most_reads_held == 2
     ids = np.sort(np.concatenate([b["sample_id"].numpy() for b in batches]))
     assert np.array_equal(ids[ids >= 0], np.arange(4 * ROWS))
+
+
+def test_a_blend_weighs_its_reads_too(tmp_path, monkeypatch):
+    """A blend's reads are weighed too (each corpus's reader estimates its groups), and a budget below
+    one group changes no batch. (Here a blend's blocks already hold 4 reads at once, so the bound does
+    not show in how many are held.)"""
+    from streamshard.streams.blend import BlendedStream
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        write_groups(tmp_path / name, files=3)
+
+    def run():
+        streams = {n: ss.ParquetStream(str(tmp_path / n), columns=["x"], seed=i) for i, n in enumerate("ab")}
+        blend = BlendedStream(streams, {"a": 0.5, "b": 0.5}, batch_size=4_000, rank=0, world_size=1)
+        seen = []
+        blend.stats_hook = seen.append
+        blend.set_epoch(0)
+        digests = [{k: v.numpy().tobytes() for k, v in b.items()} for b in blend]
+        return digests, seen[-1]
+
+    free, free_stats = run()
+    monkeypatch.setattr(delivery, "READ_AHEAD_BYTES", 1_000_000, raising=False)
+    bounded, stats = run()
+    assert stats.most_held_bytes >= 3_200_000 * stats.most_reads_held  # each read weighed, ~3.3 MB a group
+    assert stats.most_reads_held <= free_stats.most_reads_held
+    assert bounded == free
