@@ -112,3 +112,28 @@ def test_a_blend_weighs_its_reads_too(tmp_path, monkeypatch):
     assert stats.most_held_bytes >= 3_200_000 * stats.most_reads_held  # each read weighed, ~3.3 MB a group
     assert stats.most_reads_held <= free_stats.most_reads_held
     assert bounded == free
+
+
+def test_a_group_is_weighed_without_fetching_a_footer_the_process_lacks(tmp_path):
+    """A restart over object storage with a catalog cache holds no footer: weighing a group for read-ahead
+    must not fetch one on the consumer's thread (one round trip per file, serially, before any read); it is
+    weighed from its compressed bytes. A footer at hand (this reader's, or this process's earlier readers')
+    gives the footer's estimate."""
+    from streamshard.io import footer
+    from streamshard.io.reader import RowGroupReader
+
+    write_groups(tmp_path, files=2)
+    catalog = ss.Catalog.build(str(tmp_path))
+    footer.SHARED_FOOTERS.clear()
+    reader = RowGroupReader.from_catalog(catalog, None, columns=["x"])
+    compressed = int(np.sum(catalog.file_sizes)) // 2
+    guess = reader.decoded_estimate(0, 0)
+    assert reader.stats.footers_fetched == 0 and reader.stats.footers_shared == 0
+    assert 0.8 * 4 * compressed < guess <= 4 * compressed  # the group's chunks, not its whole file
+    reader.read(0, 0)  # the read brings the footer
+    assert reader.decoded_estimate(0, 0) == pytest.approx(ROWS * 8, rel=0.2)
+    other = RowGroupReader.from_catalog(catalog, None, columns=["x"])
+    assert other.decoded_estimate(0, 0) == pytest.approx(ROWS * 8, rel=0.2)  # this process's footer
+    assert other.stats.footers_fetched == 0
+    reader.close()
+    other.close()
