@@ -85,7 +85,8 @@ class ParquetStream(PlannedStream):
         read_ahead: row groups read in the background ahead of the one being consumed. The row
             groups one batch needs together (a shuffle window's) are read concurrently (up to 32),
             whatever ``read_ahead`` is. Nothing is read ahead while the groups held and read ahead
-            would decode to more than 256 MiB (estimated from footers; ``streams/delivery.py``
+            would decode to more than 256 MiB (estimated from footers, or 4x compressed bytes before a
+            footer is at hand; ``streams/delivery.py``
             ``READ_AHEAD_BYTES``), so several huge row groups are not held at once.
         shuffle_window: with shuffle, interleave the rows of this many consecutive pieces (row
             groups) of a worker at random: no extra I/O, and a worker holds that many decoded row
