@@ -29,6 +29,7 @@ from ..io.sources import Listing, list_sources
 from ..io.storage import FileSystems
 from ..convert.tensors import BatchConverter
 from ..progress import progress_bar
+from ..streams.delivery import READ_AHEAD_BYTES
 
 log = logging.getLogger("streamshard")
 
@@ -269,8 +270,9 @@ def _inspect_warnings(
     if len(big):
         warnings.append({"kind": "memory_budget", "message": (
             f"{len(big)} row group(s) exceed the {args.memory_budget:g} MiB decoded budget "
-            f"(largest {_human(int(decoded.max()))}); a worker holds up to 1 + read_ahead (default 2) of them at once, "
-            "shuffle_window + read_ahead with shuffle=True (default 16 + 2); "
+            f"(largest {_human(int(decoded.max()))}); a worker holds the ones its batch needs, and reads ahead only "
+            f"within {READ_AHEAD_BYTES // MIB} MiB decoded (read_ahead, default 2, reads at most); with shuffle=True its whole window "
+            "(shuffle_window, default 16); "
             "rewrite with smaller row groups or project fewer --columns")})
     unsupported = [c["name"] for c in report["columns"] if not c["supported"]]
     if unsupported:

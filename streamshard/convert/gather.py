@@ -492,6 +492,7 @@ class _Window:
         self._item_starts: dict[str, np.ndarray] = {}
         self._counts: dict[str, list[int]] = {}
         self._padded: dict[str, np.ndarray | None] = {}
+        self._grouped: tuple[np.ndarray, list[tuple[int, np.ndarray, np.ndarray]]] | None = None
         self.row_base = np.zeros(len(keys) + 1, dtype=np.int64)
         np.cumsum([p.rows for p in self.parts], out=self.row_base[1:])
         self.part = np.repeat(np.arange(len(keys)), np.diff(self.row_base))  # per joined row, its read
@@ -500,11 +501,16 @@ class _Window:
                        for lengths in self.parts[0].offsets}
         self.columns: dict[str, Any] = {}
         wide: set[str] = set()
+        # Huge groups' parts (streamed) whose per-row numbers together would be a large copy (512 int32
+        # columns: the whole window again) leave them in their reads too; list lengths stay joined.
+        leave = any(p.streamed for p in self.parts) and sum(
+            p.columns[k].nbytes for p in self.parts for k in batch_keys
+            if items_of[k] is None and isinstance(p.columns[k], np.ndarray)) > _JOIN_BYTES
         for key in batch_keys:
             if items_of[key] is None:
                 values = [p.columns[key] for p in self.parts]
-                if isinstance(values[0], np.ndarray) and values[0].ndim > 1 and \
-                        values[0].itemsize * int(np.prod(values[0].shape[1:])) >= _WIDE_ROW:
+                if isinstance(values[0], np.ndarray) and (values[0].ndim > 1 and values[0].itemsize * int(
+                        np.prod(values[0].shape[1:])) >= _WIDE_ROW or leave and key not in self.starts):
                     wide.add(key)  # whole rows of tokens: gathered from their reads, not copied once more
                     continue
                 self.columns[key] = np.concatenate(values) if isinstance(values[0], np.ndarray) else [
@@ -518,15 +524,26 @@ class _Window:
         first = self.parts[0].columns[key]
         out = np.empty((len(rows) + pad,) + first.shape[1:], dtype=first.dtype)
         out[len(rows):] = 0
+        for k, places, local in self._by_read(rows):
+            out[places] = self.parts[k].columns[key][local]
+        return out
+
+    def _by_read(self, rows: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """``rows`` grouped by the read holding them: (read, places in ``rows``, rows in the read);
+        the last grouping kept, as each wide key of a batch asks for the same rows."""
+        if self._grouped is not None and self._grouped[0] is rows:
+            return self._grouped[1]
         part = self.part[rows]
         order = np.argsort(part, kind="stable")
         cuts = (np.flatnonzero(np.diff(part[order])) + 1).tolist()
+        groups = []
         for a, b in zip([0] + cuts, cuts + [len(rows)]):
             places = order[a:b]
             if len(places):
                 k = int(part[places[0]])
-                out[places] = self.parts[k].columns[key][rows[places] - self.row_base[k]]
-        return out
+                groups.append((k, places, rows[places] - self.row_base[k]))
+        self._grouped = (rows, groups)
+        return groups
 
     def views(self, key: str) -> list[Any]:
         """Each read's column ``key`` as a ``_flat_view``, made once per window."""

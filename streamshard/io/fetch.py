@@ -173,6 +173,13 @@ class FileFetcher:
         """The file's footer if this reader holds it parsed, else None (fetches nothing)."""
         return self._footers.peek(file_index)
 
+    def has_footer(self, file_index: int) -> bool:
+        """Whether the file's footer is at hand without a request: held by this reader, or by this process's
+        earlier readers (``SHARED_FOOTERS``)."""
+        if self._footers.peek(file_index) is not None:
+            return True
+        return self._versions is not None and SHARED_FOOTERS.get(*self._shared_key(file_index)) is not None
+
     def footer(self, file_index: int) -> pq.FileMetaData:
         """The file's footer: held by this reader, being fetched by another thread, or fetched now."""
         metadata, owner = self._footers.get_or_claim(file_index)

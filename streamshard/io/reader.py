@@ -73,6 +73,9 @@ _PART_CHUNKS = 8  # a streamed part is gathered into about this many chunks (a t
 # A group this many times smaller (compressed) than STREAM_ABOVE_BYTES is read whole without first
 # fetching its footer to estimate its decoded size (keeps footer and data in one round).
 _SURELY_SMALL_RATIO = 32
+# Decoded bytes per compressed byte, to weigh a group for read-ahead before its footer is at hand (a guess on
+# the generous side: snappy/zstd token and numeric columns decode to 2-4x).
+_DECODED_PER_COMPRESSED = 4
 
 
 Piece = tuple[pa.Table, "np.ndarray | None"]
@@ -217,6 +220,7 @@ class RowGroupReader:
         self.files_opened = 0  # distinct files this reader touched (laziness is observable)
         self._touched: set[int] = set()
         self._lock = threading.Lock()
+        self._estimates: dict[tuple[int, int], int] = {}  # decoded_estimate's, per (file, row group)
 
     @classmethod
     def from_catalog(cls, catalog: Any, storage_options: dict[str, Any] | None = None,
@@ -269,6 +273,27 @@ class RowGroupReader:
             raise self._error(file_index, row_group, exc) from None
         self._count_read(table.num_rows, time.perf_counter() - started)
         return table
+
+    def decoded_estimate(self, file_index: int, row_group: int) -> int:
+        """Estimated Arrow bytes of the group's projected columns (``format/decoded_size.py``), for
+        read-ahead's byte budget (``streams/delivery.py``); 0 when its compressed bytes already show it
+        small (nothing fetched). Otherwise from its file's footer when this process holds it; a footer it
+        lacks (a restart over object storage with a catalog cache) is not fetched here, on the consumer's
+        thread, one round trip at a time: the group is weighed at ``_DECODED_PER_COMPRESSED`` times its
+        compressed bytes until its read brings the footer. Remembered per group once from a footer."""
+        key = (file_index, row_group)
+        known = self._estimates.get(key)
+        if known is None and self._rg_ranges is not None and not self._files.has_footer(file_index):
+            compressed = sum(e - s for s, e in self._ranges(file_index, row_group, None, merge=False))
+            return 0 if compressed * _SURELY_SMALL_RATIO <= STREAM_ABOVE_BYTES else compressed * _DECODED_PER_COMPRESSED
+        if known is None:
+            try:
+                metadata = self._footer_unless_small(file_index, row_group)
+            except Exception as exc:  # noqa: BLE001 - fsspec/pyarrow/botocore raise many types
+                raise self._error(file_index, row_group, exc) from None
+            known = 0 if metadata is None else row_group_decoded_bytes(metadata, row_group, self.columns)
+            self._estimates[key] = known
+        return known
 
     def _count_read(self, rows: int, seconds: float) -> None:
         with self._lock:

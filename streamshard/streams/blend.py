@@ -7,6 +7,8 @@ dataset (``streams/stream_base.py``), and each position is read from its corpus'
 
 from __future__ import annotations
 
+import threading
+
 from collections.abc import Mapping
 from typing import Any, Callable, Iterator
 
@@ -171,15 +173,24 @@ class BlendedStream(WeightSteering, PlannedStream):
     # -- iteration ----------------------------------------------------------------------------
     def _deliver(self, start: Start) -> Iterator[Any]:
         readers: dict[int, RowGroupReader] = {}
+        made = threading.Lock()
         converter = self.datasets[0].converter
         schema = self.datasets[0].catalog.schema
 
+        def reader_of(source: int) -> RowGroupReader:
+            with made:  # read-ahead threads and the consumer (weigh) ask at once: one reader per corpus
+                if source not in readers:
+                    ds = self.datasets[source]
+                    readers[source] = RowGroupReader.from_catalog(ds.catalog, ds.storage_options)
+                return readers[source]
+
         def read(what: Read) -> pa.Table:
             ds = self.datasets[what.source]
-            if what.source not in readers:
-                readers[what.source] = RowGroupReader.from_catalog(ds.catalog, ds.storage_options)
             # Logical types were checked equal; representation and nullability may still differ.
-            return read_as(ds._read(readers[what.source], Read(0, what.rg)), schema, f"corpus {self.names[what.source]!r}")
+            return read_as(ds._read(reader_of(what.source), Read(0, what.rg)), schema, f"corpus {self.names[what.source]!r}")
+
+        def weigh(what: Read) -> int:  # read-ahead's byte budget (``streams/delivery.py``)
+            return self.datasets[what.source]._decoded_estimate(reader_of(what.source), Read(0, what.rg))
 
         def place(what: Read) -> str:
             return f"corpus {self.names[what.source]!r} {self.datasets[what.source].catalog.place(what.rg)}"
@@ -188,7 +199,7 @@ class BlendedStream(WeightSteering, PlannedStream):
         try:
             read_ahead = max(ds.read_ahead for ds in self.datasets)
             for batch in deliver(self.blend_batches(start), start.start, read, converter, read_ahead, stats,
-                                 describe=place):
+                                 describe=place, weigh=weigh):
                 if stats is not None:
                     sum_reads(readers.values(), into=stats.reads)
                     self._report_stats(stats)

@@ -84,7 +84,10 @@ class ParquetStream(PlannedStream):
         transform: called on each batch inside the worker (padding batches included).
         read_ahead: row groups read in the background ahead of the one being consumed. The row
             groups one batch needs together (a shuffle window's) are read concurrently (up to 32),
-            whatever ``read_ahead`` is.
+            whatever ``read_ahead`` is. Nothing is read ahead while the groups held and read ahead
+            would decode to more than 256 MiB (estimated from footers, or 4x compressed bytes before a
+            footer is at hand; ``streams/delivery.py``
+            ``READ_AHEAD_BYTES``), so several huge row groups are not held at once.
         shuffle_window: with shuffle, interleave the rows of this many consecutive pieces (row
             groups) of a worker at random: no extra I/O, and a worker holds that many decoded row
             groups at once (plus ``read_ahead``); a window takes more pieces when one would dominate
@@ -322,12 +325,20 @@ class ParquetStream(PlannedStream):
         try:
             read = lambda what: self._read_part(reader, what)  # noqa: E731
             place = lambda what: self.catalog.place(what.rg)  # noqa: E731 - for conversion errors
+            weigh = lambda what: self._decoded_estimate(reader, what)  # noqa: E731 - read-ahead's byte budget
             for batch in deliver(start.schedule, start.start, read, self.converter, self.read_ahead, stats,
-                                 describe=place):
+                                 describe=place, weigh=weigh):
                 self._report_stats(stats)
                 yield batch if self.transform is None else self.transform(batch)
         finally:
             reader.close()
+
+    def _decoded_estimate(self, reader: RowGroupReader, what: Read) -> int:
+        """Estimated decoded bytes of ``what``: its group's, times the share of its rows it reads."""
+        catalog = self.catalog
+        whole = reader.decoded_estimate(int(catalog.rg_file[what.rg]), int(catalog.rg_index[what.rg]))
+        rows = int(catalog.rg_rows[what.rg])
+        return whole if what.rows is None or not rows else whole * len(what.rows) // rows
 
     def _read(self, reader: RowGroupReader, what: Read) -> pa.Table:
         got = self._read_part(reader, what)

@@ -7,7 +7,8 @@ read it (``convert/gather.py``), holds it until the last batch that needs it, an
 rows from the reads it names, padded, the batches of a block (``Schedule.blocks``: a shuffle
 window's, at most 65,536 rows) together (``Gatherer.build_block``). Schemas with inner list levels
 convert each batch's rows instead (``build``). Memory: the groups the current block still
-shares with later ones plus ``read_ahead`` groups read ahead, never a file; of a group this worker
+shares with later ones plus ``read_ahead`` groups read ahead, and no read ahead while those would
+weigh more than ``READ_AHEAD_BYTES`` decoded (``weigh``), never a file; of a group this worker
 owns only part of, only that part (the read names its rows, ``Read.rows``; ``local_rows`` maps
 row numbers into it).
 
@@ -44,6 +45,13 @@ _PENDING = object()  # not resolved yet
 # storage is a round trip per ``read_ahead`` reads. They hold nothing more (the batch needs them all);
 # threads start only as reads wait for one.
 _TOGETHER = 32
+# Read-ahead stops while the reads held and in flight would weigh more than this (their estimated
+# decoded bytes, ``weigh``): ``read_ahead`` counts reads, so without it a worker whose next reads are
+# huge row groups would hold ``read_ahead`` more of them. Four streamed groups' worth
+# (``io/reader.py`` STREAM_ABOVE_BYTES): ordinary groups (the common case) never reach it unshuffled
+# (1 + ``read_ahead`` of them), and groups whose compressed bytes show them small weigh nothing.
+# The current block's reads are always read, whatever they weigh: progress never waits on it.
+READ_AHEAD_BYTES = 256 * 1024 * 1024
 
 
 @dataclass
@@ -55,7 +63,9 @@ class DeliveryStats:
     read once for that, on the read-ahead threads (summed over them, like the reader's times; a
     streamed row group's decoding interleaves with its conversion and is counted here too);
     ``reads``: the reader's own counters (bytes fetched, fetch and decode seconds, summed over the
-    read-ahead threads).
+    read-ahead threads); ``most_reads_held`` / ``most_held_bytes``: the most reads held or in flight
+    at once after a block's reads were started, and the most estimated decoded bytes they weighed
+    (what ``READ_AHEAD_BYTES`` bounds).
     """
 
     reads: ReadStats
@@ -66,6 +76,8 @@ class DeliveryStats:
     wait_s: float = 0.0
     convert_s: float = 0.0
     prepare_s: float = 0.0
+    most_reads_held: int = 0  # the most row-group reads held or in flight at once (read-ahead's reach)
+    most_held_bytes: int = 0  # their estimated decoded bytes at that (``weigh``; 0 for groups surely small)
 
 
 class _Ready:
@@ -81,14 +93,17 @@ class _Ready:
 def deliver(
     schedule: Schedule, start: int, read: Callable[[Read], Any], convert: BatchConverter | None, read_ahead: int,
     stats: DeliveryStats | None = None, assemble: Callable[[BatchSpec, dict[int, Any]], Batch] | None = None,
-    *, describe: Callable[[Read], str] | None = None,
+    *, describe: Callable[[Read], str] | None = None, weigh: Callable[[Read], int] | None = None,
+    read_ahead_bytes: int | None = None,
 ) -> Iterator[Batch]:
     """Batches ``start..steps-1`` of ``schedule``, read through ``read``; timings into ``stats``.
 
     ``assemble(spec, reads)`` replaces the default (Arrow rows -> ``convert`` -> padding) for
     streams whose reads are not plain row groups (token packing); it gets every spec, padding
     ones included. ``describe(read)`` says where a read's rows come from (``"<url> row group 3"``);
-    a ``ConversionError`` then names the reads whose rows failed to convert."""
+    a ``ConversionError`` then names the reads whose rows failed to convert. ``weigh(read)``: its
+    estimated decoded bytes; read-ahead then stops while the reads held and in flight would exceed
+    ``read_ahead_bytes`` (default ``READ_AHEAD_BYTES``; None ``weigh``: reads weigh nothing)."""
     gatherer = Gatherer(convert) if assemble is None and gatherable(convert) else None
     if gatherer is not None:  # each read converted once, on the thread that read it
         read = _converting(read, convert, describe, stats)
@@ -105,6 +120,26 @@ def deliver(
     template: Batch | None = None
     exhausted = False
     failed: list[BaseException] = []  # the first failed read: the pass ends there
+    budget = READ_AHEAD_BYTES if read_ahead_bytes is None else read_ahead_bytes
+    weights: dict[int, int] = {}  # estimated decoded bytes of each pending read (weighed ones only)
+    deferred: list[tuple[int, Read]] = []  # an upcoming read taken but over the budget: the next one to read
+
+    def weight(key: int, what: Read) -> int:
+        if weigh is None:
+            return 0
+        if key not in weights:
+            try:
+                weights[key] = int(weigh(what))
+            except Exception:  # noqa: BLE001 - the read itself reports what is wrong
+                weights[key] = 0
+        return weights[key]
+
+    def fits(key: int, what: Read) -> bool:
+        """Whether reading ``what`` ahead keeps the pending reads within the byte budget."""
+        if weigh is None:
+            return True
+        held = sum(weights.get(k, 0) for k in pending)
+        return held + weight(key, what) <= budget
 
     def guarded(what: Read) -> Any:
         if failed:  # queued behind a failure: do not start (the consumer gets that failure)
@@ -149,20 +184,34 @@ def deliver(
                 if key not in pending:
                     submit(key, what)
             if pool is not None:  # keep `read_ahead` reads in flight beyond the current block's
+                if weigh is not None:  # what the current block holds counts against the byte budget
+                    for key, what in block.reads.items():
+                        weight(key, what)
                 ahead, j = sum(1 for k in pending if k not in block.reads), 1
                 while upcoming is not None and ahead < read_ahead:  # however many batches away
-                    key, what = next(upcoming, (None, None))
+                    key, what = deferred.pop() if deferred else next(upcoming, (None, None))
                     if key is None:
                         break
                     if key not in submitted:
+                        if not fits(key, what):
+                            deferred.append((key, what))
+                            break
                         submit(key, what)
                         ahead += 1
-                while upcoming is None and ahead < read_ahead and j < _MAX_LOOKAHEAD and (j < len(lookahead) or pull()):
+                over = False
+                while (upcoming is None and not over and ahead < read_ahead and j < _MAX_LOOKAHEAD
+                       and (j < len(lookahead) or pull())):
                     for key, what in lookahead[j].reads.items():
                         if key not in submitted:
+                            if not fits(key, what):
+                                over = True
+                                break
                             submit(key, what)
                             ahead += 1
                     j += 1
+            if stats is not None:
+                stats.most_reads_held = max(stats.most_reads_held, len(pending))
+                stats.most_held_bytes = max(stats.most_held_bytes, sum(weights.get(k, 0) for k in pending))
             lookahead.popleft()
             batches: Iterator[Batch]
             if assemble is not None or len(block.read):
@@ -204,6 +253,7 @@ def deliver(
             for key in block.done:
                 pending.pop(key, None)
                 resolved.pop(key, None)
+                weights.pop(key, None)
     finally:
         for future in pending.values():
             if isinstance(future, Future):
