@@ -360,12 +360,11 @@ def test_chunks_of_batches_merge_back_into_round_robin_order_and_an_error_comes_
     assert got == [(w, i) for i in range(37) for w in range(3)] + [(0, 37)]
 
 
-def test_stream_loader_worker_processes_send_small_batches_several_a_message(tmp_path, monkeypatch):
+def through_processes_counting_messages(dataset, monkeypatch) -> tuple[list, list[int]]:
+    """``dataset``'s batches through StreamLoader's 2 worker processes, and the batches each message carried."""
     import streamshard.loader.stream_loader as stream_loader
 
-    path = corpus(tmp_path)
-    reference = in_process(path)
-    messages = []
+    messages: list[int] = []
     real = stream_loader.merged
 
     def counted(items, workers):
@@ -376,7 +375,13 @@ def test_stream_loader_worker_processes_send_small_batches_several_a_message(tmp
         return real(each(), workers)
 
     monkeypatch.setattr(stream_loader, "merged", counted)
-    got = list(ss.StreamLoader(stream(path), num_workers=2, workers="processes", pin_memory=False))
+    return list(ss.StreamLoader(dataset, num_workers=2, workers="processes", pin_memory=False)), messages
+
+
+def test_stream_loader_worker_processes_send_small_batches_several_a_message(tmp_path, monkeypatch):
+    path = corpus(tmp_path)
+    reference = in_process(path)
+    got, messages = through_processes_counting_messages(stream(path), monkeypatch)
     assert same_batches(got, reference)
     assert sum(messages) == len(reference) and len(messages) <= len(reference) // CHUNK_BATCHES + 2 * 2
 
@@ -407,22 +412,9 @@ def _pack(path):
 def test_blends_and_packs_send_small_batches_several_a_message_too(tmp_path, monkeypatch, make):
     """Before: one message a batch for these streams (~0.3 ms of CPU each); the batches are the thread
     workers' all the same."""
-    import streamshard.loader.stream_loader as stream_loader
-
     path = corpus(tmp_path)
     reference = list(ss.StreamLoader(make(path), num_workers=2, workers="threads"))
-    messages = []
-    real = stream_loader.merged
-
-    def counted(items, workers):
-        def each():
-            for item in items:
-                messages.append(len(item.batches))
-                yield item
-        return real(each(), workers)
-
-    monkeypatch.setattr(stream_loader, "merged", counted)
-    got = list(ss.StreamLoader(make(path), num_workers=2, workers="processes", pin_memory=False))
+    got, messages = through_processes_counting_messages(make(path), monkeypatch)
     assert same_batches(got, reference)
     assert sum(messages) == len(reference) and len(messages) <= len(reference) // CHUNK_BATCHES + 2 * 2
 
