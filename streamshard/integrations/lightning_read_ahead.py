@@ -18,13 +18,14 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+_PACKAGES = ("lightning.pytorch", "pytorch_lightning")  # the unified package, and the standalone one
 _DEPTH = 8  # frames between StreamLoader.state_dict and the fit loop: CombinedLoader._state_dicts, its comprehension
 
 
 def batches_read_ahead(loader: Any) -> int:
     """Batches of ``loader`` that Lightning's fit loop, saving a checkpoint right now, has read but not trained
     (0 when the caller is not Lightning's fit loop, or it holds none)."""
-    if "lightning.pytorch" not in sys.modules:
+    if not any(name in sys.modules for name in _PACKAGES):
         return 0
     frame = sys._getframe(1)
     for _ in range(_DEPTH):
@@ -34,7 +35,7 @@ def batches_read_ahead(loader: Any) -> int:
         if frame.f_code.co_name != "on_save_checkpoint":
             continue
         fit_loop = frame.f_locals.get("self")
-        if not type(fit_loop).__module__.startswith("lightning.pytorch.loops"):
+        if not type(fit_loop).__module__.startswith(tuple(f"{name}.loops" for name in _PACKAGES)):
             continue
         combined = getattr(fit_loop, "_combined_loader", None)
         fetcher = getattr(fit_loop, "_data_fetcher", None)
