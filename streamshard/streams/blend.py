@@ -23,7 +23,6 @@ from .dataset import ParquetStream
 from .delivery import deliver
 from ..io.fetch import ReadStats
 from ..loader.handoff import batches_per_message
-from ..loader.loader_stats import sum_reads
 from ..io.reader import RowGroupReader
 from ..plan.resume import Planner, Start
 from ..format.schema import read_as, same_logical_type
@@ -196,17 +195,10 @@ class BlendedStream(WeightSteering, PlannedStream):
             return f"corpus {self.names[what.source]!r} {self.datasets[what.source].catalog.place(what.rg)}"
 
         stats = self._delivery_stats(ReadStats(), start.worker_id)
-        try:
-            read_ahead = max(ds.read_ahead for ds in self.datasets)
-            for batch in deliver(self.blend_batches(start), start.start, read, converter, read_ahead, stats,
-                                 describe=place, weigh=weigh):
-                if stats is not None:
-                    sum_reads(readers.values(), into=stats.reads)
-                    self._report_stats(stats)
-                yield batch if self.transform is None else self.transform(batch)
-        finally:
-            for reader in readers.values():
-                reader.close()
+        read_ahead = max(ds.read_ahead for ds in self.datasets)
+        batches = deliver(self.blend_batches(start), start.start, read, converter, read_ahead, stats,
+                          describe=place, weigh=weigh)
+        yield from self._each_delivered(batches, readers, stats, self.transform)
 
     # -- checks -------------------------------------------------------------------------------
     def _check_schemas(self) -> None:

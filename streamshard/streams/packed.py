@@ -26,7 +26,6 @@ from ..plan.blend_schedule import blend_counts
 from .dataset import ParquetStream
 from .delivery import deliver
 from ..io.fetch import ReadStats
-from ..loader.loader_stats import sum_reads
 from ..errors import ConversionError, ReadError
 from ..plan.elastic import Segment
 from ..plan.packing_plan import PackedBlendBatches, TokenGroup, pack, segment_bounds, token_counts, token_group
@@ -381,15 +380,8 @@ class PackedStream(WeightSteering, PlannedStream):
 
         read_ahead = max(ds.read_ahead for ds in self.corpora)
         stats = self._delivery_stats(ReadStats(), start.worker_id)
-        try:
-            for batch in deliver(self._schedule(start), start.start, read, None, read_ahead, stats, assemble):
-                if stats is not None:
-                    sum_reads(readers.values(), into=stats.reads)
-                    self._report_stats(stats)
-                yield batch if self.transform is None else self.transform(batch)
-        finally:
-            for reader in readers.values():
-                reader.close()
+        batches = deliver(self._schedule(start), start.start, read, None, read_ahead, stats, assemble)
+        yield from self._each_delivered(batches, readers, stats, self.transform)
 
     def _token_group(self, reader: RowGroupReader, k: int, rg: int, documents: EpochPlan) -> TokenGroup:
         catalog, tokens = self.corpora[k].catalog, self._token_counts()[k]

@@ -33,6 +33,7 @@ from ..plan.elastic import Segment
 from ..errors import StateError
 from ..io.fetch import ReadStats
 from ..loader.handoff import WorkerSlots, chunks
+from ..loader.loader_stats import sum_reads
 from ..integrations.accelerate import check_pass_context
 from ..plan.resume import Planner, Position, Start, WorkerPosition
 from ..loader.shared_cell import EpochCell
@@ -94,6 +95,21 @@ class PlannedStream(IterableDataset):
         hook = getattr(self, "stats_hook", None)
         if hook is not None:
             hook(stats)
+
+    def _each_delivered(self, batches: Iterator[Any], readers: dict[int, Any], stats: DeliveryStats | None,
+                        transform: Callable[[Any], Any] | None) -> Iterator[Any]:
+        """The batches of a stream reading several corpora (one reader each, ``BlendedStream``, ``PackedStream``):
+        after each, the readers' counters summed into ``stats`` and reported; ``transform`` applied; the
+        readers closed when the pass ends, however it ends."""
+        try:
+            for batch in batches:
+                if stats is not None:
+                    sum_reads(readers.values(), into=stats.reads)
+                    self._report_stats(stats)
+                yield batch if transform is None else transform(batch)
+        finally:
+            for reader in readers.values():
+                reader.close()
 
     # -- rank -----------------------------------------------------------------------------------
     @property
