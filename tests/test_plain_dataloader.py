@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 import pytest
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, get_worker_info
 
 import streamshard as ss
 from streamshard.io.catalog_share import SNAPSHOT, CatalogShare, catalog_from_json, catalog_to_json, load, save
@@ -88,6 +88,38 @@ def test_a_file_landing_while_workers_start_gives_one_snapshot(tmp_path):
     assert_exactly_once([batches], 216)
     assert_rows_match_ids([batches])
     assert ds.catalog.num_files == 3  # the parent loads the workers' snapshot too, not a new listing
+
+
+class ListsLate(ss.ParquetStream):
+    """A stream whose DataLoader workers reach the catalog late, after starting their pass."""
+
+    @property
+    def catalog(self) -> ss.Catalog:
+        if self._catalog is None and get_worker_info() is not None:
+            time.sleep(1.0)
+        return super().catalog
+
+
+def test_a_parent_asked_for_len_while_its_workers_start_lists_once_for_all(tmp_path):
+    """``list(loader)`` asks for ``len()`` right after ``iter()``: once the workers have started their pass,
+    the parent answers from the catalog. Reaching it before the workers, it lists and publishes for them."""
+    root, scratch = tmp_path / "corpus", tmp_path / "scratch"
+    write_corpus(str(root), [[50, 30], [7], [64, 64, 1]])
+    scratch.mkdir()
+    ds = ListsLate(str(root), batch_size=16, rank=0, world_size=1)
+    ds.catalog_progress = LandAFile(str(root), str(scratch))
+    loader = DataLoader(ds, batch_size=None, num_workers=2)
+    batches = iter(loader)
+    deadline = time.monotonic() + 60
+    while ds._cell.workers <= 0:  # the workers' copies are in their pass, before their catalog
+        assert time.monotonic() < deadline, "the workers never started"
+        time.sleep(0.01)
+    assert len(loader) > 0
+    batches = list(batches)
+    assert len(list(scratch.glob("built-by-*"))) == 1, "the parent listed; its workers loaded its snapshot"
+    assert_exactly_once([batches], 216)
+    assert_rows_match_ids([batches])
+    assert ds.catalog.num_files == 3
 
 
 class Owner:

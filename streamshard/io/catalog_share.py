@@ -6,10 +6,14 @@ never. Instead the first process of the dataset that needs the catalog builds it
 ``flock`` and publishes it as ``catalog.json`` in a directory of its own under the temp dir, named by a
 token the dataset drew when it was constructed; every other process of that dataset (the other
 workers, the workers of later passes, the main process) loads that snapshot instead of listing again.
-A parent that reads the catalog before any worker needed it (``set_epoch``, ``StreamLoader``) writes
-nothing: its workers inherit the catalog or receive it pickled. It joins the share only once the
-directory exists; a parent reading its first catalog at the very moment its unprepared workers build
-theirs can hold another snapshot than they do (each pass's workers still agree among themselves).
+A parent that reads the catalog before it could have started any worker without one (``set_epoch``,
+``StreamLoader``) writes nothing: its workers inherit the catalog or receive it pickled. Once it may
+have (this process forked after the dataset was made, or the dataset was pickled), its first catalog
+goes through the share as well, so a parent asked for ``len()`` while its workers start (``list(loader)``
+asks right after ``iter()``) loads their snapshot or publishes its own for them: never a second listing
+that a file landing in between would make differ. A parent whose build splits the footer reads over
+the ranks always builds (its collectives must not depend on when its workers started) and then
+adopts whatever snapshot its workers published first.
 
 The lock orders nothing but the build: whoever takes it first builds and the others wait for it, then
 load. A process that dies while building releases the lock (the kernel drops an ``flock`` with the
@@ -44,6 +48,16 @@ FORMAT = "streamshard.catalog_snapshot/1"
 SNAPSHOT = "catalog.json"
 LOCK = "lock"
 
+_forks = 0  # how many times this process has forked (a DataLoader's fork workers are forks)
+
+
+def _count_fork() -> None:
+    global _forks
+    _forks += 1
+
+
+os.register_at_fork(before=_count_fork)
+
 
 class CatalogShare:
     """Where the processes of one dataset find its catalog snapshot: a token and, once resolved, its directory.
@@ -56,6 +70,8 @@ class CatalogShare:
     def __init__(self, token: str) -> None:
         self.token = token
         self._directory: str | None = None
+        self._forks_at_birth = _forks
+        self._pickled = False
 
     @classmethod
     def owned_by(cls, owner: object) -> "CatalogShare":
@@ -74,7 +90,17 @@ class CatalogShare:
         return self._directory
 
     def __getstate__(self) -> dict[str, Any]:
+        self._pickled = True  # a spawned worker may now need the catalog without its parent's
         return {"token": self.token, "_directory": self.directory}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.token, self._directory = state["token"], state["_directory"]
+        self._forks_at_birth, self._pickled = _forks, False
+
+    def may_have_workers(self) -> bool:
+        """Whether a process of this dataset other than this one may need its catalog: this process has
+        forked or pickled it since the share was made, or some process has begun sharing already."""
+        return self._pickled or _forks > self._forks_at_birth or self.started()
 
     def started(self) -> bool:
         """Whether some process of this dataset has begun sharing its catalog (then this one must join)."""

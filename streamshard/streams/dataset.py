@@ -207,10 +207,17 @@ class ParquetStream(PlannedStream):
                 self.paths, self.columns, self.storage_options, cache_dir=self.catalog_cache, cast=self.cast,
                 progress=self.catalog_progress, distributed=distributed and self._splits_catalog(),
                 group=self._catalog_group, partitioning=self.partitioning)
-            if current_worker()[1] > 0 or self._catalog_share.started():
-                catalog = self._catalog_share.get(lambda: build(False))  # a worker cannot join collectives
+            share = self._catalog_share
+            if current_worker()[1] > 0:
+                catalog = share.get(lambda: build(False))  # a worker cannot join collectives
+            elif self._splits_catalog() and collective.process_group(self._catalog_group) is not None:
+                built = build(True)  # every rank joins the split reads, whenever its workers started
+                # theirs if they published first, else ours for them
+                catalog = share.get(lambda: built) if share.may_have_workers() else built
+            elif share.may_have_workers():
+                catalog = share.get(lambda: build(False))
             else:
-                catalog = build(True)
+                catalog = build(False)
             self._converter = self._make_converter(catalog)
             self._catalog = catalog
         return self._catalog
