@@ -16,141 +16,53 @@ the ranks always builds (its collectives must not depend on when its workers sta
 adopts whatever snapshot its workers published first.
 
 The lock orders nothing but the build: whoever takes it first builds and the others wait for it, then
-load. A process that dies while building releases the lock (the kernel drops an ``flock`` with the
-last descriptor of its file), publishes nothing, and the next one builds. The snapshot is JSON (the
-integer arrays as base64 little-endian int64, the schema as Arrow IPC), so loading it runs no code;
-its digest is checked on load. The directory is removed when the dataset that drew the token is
-garbage-collected or its process exits (``weakref.finalize``, in that process only); a process killed
-outright leaves it behind (``streamshard-catalog-*`` in the temp dir).
+load; a process that dies while building publishes nothing, and the next one builds
+(``io/process_share.py``: the directory, its lock and its removal). The snapshot is JSON (the integer
+arrays as base64 little-endian int64, the schema as Arrow IPC), so loading it runs no code; its digest
+is checked on load.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import fcntl
 import json
 import os
-import secrets
-import shutil
-import stat
-import tempfile
-import weakref
 from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
 
 from .catalog import Catalog
+from .process_share import ProcessShare, write_atomically
 from ..errors import CatalogError
 
 FORMAT = "streamshard.catalog_snapshot/1"
 SNAPSHOT = "catalog.json"
-LOCK = "lock"
-
-_forks = 0  # how many times this process has forked (a DataLoader's fork workers are forks)
 
 
-def _count_fork() -> None:
-    global _forks
-    _forks += 1
+class CatalogShare(ProcessShare):
+    """Where the processes of one dataset find its catalog snapshot (``io/process_share.py``)."""
 
-
-os.register_at_fork(before=_count_fork)
-
-
-class CatalogShare:
-    """Where the processes of one dataset find its catalog snapshot: a token and, once resolved, its directory.
-
-    The directory is resolved on first use (``tempfile.gettempdir()`` may probe the disk) and travels
-    with a pickled copy, so spawned workers use the parent's. Forked workers and the owner's cleanup
-    resolve it themselves: the temp dir must not change under a running DataLoader.
-    """
-
-    def __init__(self, token: str) -> None:
-        self.token = token
-        self._directory: str | None = None
-        self._forks_at_birth = _forks
-        self._pickled = False
-
-    @classmethod
-    def owned_by(cls, owner: object) -> "CatalogShare":
-        """A fresh share whose directory is removed when ``owner`` is collected or this process exits.
-
-        Creates nothing: the directory is made by the first process that needs the catalog.
-        """
-        share = cls(secrets.token_hex(16))
-        weakref.finalize(owner, share._remove, os.getpid())
-        return share
-
-    @property
-    def directory(self) -> str:
-        if self._directory is None:
-            self._directory = os.path.join(tempfile.gettempdir(), f"streamshard-catalog-{self.token}")
-        return self._directory
-
-    def __getstate__(self) -> dict[str, Any]:
-        self._pickled = True  # a spawned worker may now need the catalog without its parent's
-        return {"token": self.token, "_directory": self.directory}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.token, self._directory = state["token"], state["_directory"]
-        self._forks_at_birth, self._pickled = _forks, False
-
-    def may_have_workers(self) -> bool:
-        """Whether a process of this dataset other than this one may need its catalog: this process has
-        forked or pickled it since the share was made, or some process has begun sharing already."""
-        return self._pickled or _forks > self._forks_at_birth or self.started()
-
-    def started(self) -> bool:
-        """Whether some process of this dataset has begun sharing its catalog (then this one must join)."""
-        return os.path.isdir(self.directory)
+    prefix = "streamshard-catalog-"
 
     def get(self, build: Callable[[], Catalog]) -> Catalog:
         """The published snapshot; if there is none yet, ``build()``'s, published for the others.
 
         Raises ``CatalogError`` naming the snapshot if it does not load or its digest does not match.
         """
-        directory = self._make_directory()
-        snapshot = os.path.join(directory, SNAPSHOT)
-        fd = os.open(os.path.join(directory, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # waits while another process builds; released if it dies
+        with self.locked() as directory:
+            snapshot = os.path.join(directory, SNAPSHOT)
             if os.path.exists(snapshot):
                 return load(snapshot)
             catalog = build()
             save(catalog, snapshot)
             return catalog
-        finally:
-            os.close(fd)  # the flock goes with the last descriptor
-
-    def _remove(self, owner_pid: int) -> None:
-        if os.getpid() == owner_pid:  # a forked child inherits the finalizer; the directory is the owner's
-            shutil.rmtree(self.directory, ignore_errors=True)
-
-    def _make_directory(self) -> str:
-        directory = self.directory
-        try:
-            os.mkdir(directory, 0o700)
-        except FileExistsError:
-            pass
-        info = os.lstat(directory)
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-            raise CatalogError(f"{directory} is not a directory of this user, so the catalog snapshot cannot be "
-                               "shared through it; remove it")
-        return directory
 
 
 def save(catalog: Catalog, path: str) -> None:
     """Write ``catalog`` to ``path`` atomically (a reader sees the whole file or none)."""
-    fd, tmp = tempfile.mkstemp(prefix=".snapshot-", suffix=".tmp", dir=os.path.dirname(path))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(catalog_to_json(catalog), f, separators=(",", ":"))
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    write_atomically(path, lambda f: json.dump(catalog_to_json(catalog), f, separators=(",", ":")), "w")
 
 
 def load(path: str) -> Catalog:

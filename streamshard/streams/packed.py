@@ -36,6 +36,8 @@ from ..plan.resume import Planner, Position, Start
 from ..plan.steering import SteerSpec, WeightSteering
 from .stream_base import PlannedStream
 from ..convert.tensors import Batch
+from ..io import collective
+from ..io.count_share import CountShare
 from ..io.text_counts import count_text_tokens, row_group_texts
 from ..convert.text_tokenizer import TextTokenizer
 from ..io.token_count_cache import TokenCountCache
@@ -173,6 +175,7 @@ class PackedStream(WeightSteering, PlannedStream):
         self._counts: StageCounts | None = None  # staged: tokens per row group, filled a stage at a time
         self._stages: tuple[int, Stages] | None = None  # staged: the last epoch's stages
         self._counter: threading.Thread | None = None  # staged: the thread counting the later stages
+        self._count_share = CountShare.owned_by(self)  # text: counts its worker processes share (a token only)
         self._init_steering()
 
     @property
@@ -434,7 +437,7 @@ class PackedStream(WeightSteering, PlannedStream):
                 counts = self._stage_counts()
                 self._tokens = [counts.of(np.arange(len(counts.tokens), dtype=np.int64))]
             else:
-                self._tokens = [self._count_text(ds) for ds in self.corpora]
+                self._tokens = [self._count_text(name, ds) for name, ds in zip(self.blend.names, self.corpora)]
         return self._tokens
 
     def _column_dtypes(self) -> dict[str, np.dtype]:
@@ -480,14 +483,27 @@ class PackedStream(WeightSteering, PlannedStream):
             self._counts = StageCounts(ds.catalog.rg_file, self._count_stage, known)
         return self._counts
 
-    def _count_stage(self, rgs: np.ndarray) -> np.ndarray:
-        """Count row groups a plan needs (a later stage) in this process: the cache again first (another
-        process may have counted them), then tokenizing what it lacks; saved for the next run."""
+    def _count_stage(self, rgs: np.ndarray, what: str = "(a later stage of the epoch, beside training)",
+                     quiet: bool = True) -> np.ndarray:
+        """Count row groups a plan needs in this process: what another worker process of this pack
+        counted (``io/count_share.py``), then the cache again (another run may have counted them), then
+        tokenizing what it lacks; saved for the next run."""
         assert self.text is not None
-        ds = self.source
-        counts = count_text_tokens(ds.catalog, ds.storage_options, self.column, self.text, ds.catalog_cache,
-                                   quiet=True, rgs=rgs, what="(a later stage of the epoch, beside training)")
-        return counts[rgs]
+        ds, text = self.source, self.text
+
+        def count(missing: np.ndarray) -> np.ndarray:
+            return count_text_tokens(ds.catalog, ds.storage_options, self.column, text, ds.catalog_cache,
+                                     quiet=quiet, rgs=missing, what=what)[missing]
+
+        return self._shared_count("source", rgs, ds, count)
+
+    def _shared_count(self, name: str, rgs: np.ndarray, ds: ParquetStream,
+                      count: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """``count(rgs)``, through the share when other processes of this pack may need the same counts
+        (DataLoader worker processes, or their parent): one of them tokenizes, the others read."""
+        if current_worker()[1] > 0 or self._count_share.may_have_workers():
+            return self._count_share.counts(name, rgs, ds.catalog.num_row_groups, count)
+        return count(rgs)
 
     def _count_first_stage(self, epoch: int) -> None:
         """Count the epoch's first stage now (split over the ranks: the same collective place as the
@@ -498,12 +514,16 @@ class PackedStream(WeightSteering, PlannedStream):
             return
         first, ds = stages.units(0), self.source
         distributed = current_worker()[1] == 0 and ds._splits_catalog()
+        what = f"(the first of {len(stages)} stages of epoch {epoch})"
         # Split over the ranks, every rank joins, whatever it holds (rank 0's view decides what is left to count).
-        if distributed or not counts.counted(first):
+        if distributed:
             got = count_text_tokens(ds.catalog, ds.storage_options, self.column, self.text, ds.catalog_cache,
                                     distributed=distributed, group=ds._catalog_group, rgs=first, known=counts.tokens,
-                                    what=f"(the first of {len(stages)} stages of epoch {epoch})")
+                                    what=what)
             counts.fill(first, got[first])
+        elif not counts.counted(first):
+            missing = first[counts.tokens[first] < 0]
+            counts.fill(missing, self._count_stage(missing, what, quiet=False))
         running = self._counter is not None and self._counter.is_alive()  # one at a time (an earlier epoch's goes on)
         if current_worker()[1] == 0 and not running and not counts.counted(stages.order):
             self._counter = threading.Thread(target=_count_stages, args=(counts, stages), daemon=True,
@@ -524,11 +544,20 @@ class PackedStream(WeightSteering, PlannedStream):
         if known is not None:
             self._counts = StageCounts(self.source.catalog.rg_file, self._count_stage, known)
 
-    def _count_text(self, ds: ParquetStream) -> np.ndarray:
+    def _count_text(self, name: str, ds: ParquetStream) -> np.ndarray:
+        """Tokens per row group of a blend's text corpus ``name``: split over the ranks where they form a
+        process group, else counted once for this pack's worker processes."""
         assert self.text is not None
-        return count_text_tokens(ds.catalog, ds.storage_options, self.column, self.text, ds.catalog_cache,
-                                 distributed=current_worker()[1] == 0 and ds._splits_catalog(),
-                                 group=ds._catalog_group)
+        text = self.text
+
+        def count(rgs: np.ndarray | None = None, distributed: bool = False) -> np.ndarray:
+            return count_text_tokens(ds.catalog, ds.storage_options, self.column, text, ds.catalog_cache,
+                                     distributed=distributed, group=ds._catalog_group, rgs=rgs)
+
+        if current_worker()[1] == 0 and ds._splits_catalog() and collective.process_group(ds._catalog_group):
+            return count(distributed=True)
+        every = np.arange(ds.catalog.num_row_groups, dtype=np.int64)
+        return self._shared_count(name, every, ds, lambda missing: count(missing)[missing])
 
     def _check_columns(self, schema: pa.Schema, where: str) -> dict[str, np.dtype]:
         """Every packed column must be a list of numbers (a text column: a string); their dtypes, for padding batches."""

@@ -1,0 +1,74 @@
+"""A raw-text pack under a plain ``DataLoader(pack, num_workers=N)``: its worker processes tokenize each row
+group once between them for its count (``io/count_share.py``), not once each, and deliver what a prepared
+pack delivers."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import pytest
+from torch.utils.data import DataLoader
+
+import streamshard as ss
+from resume_harness import same_batches
+from test_packed_text import BATCH, SEQ, WORDS, write_texts
+
+WORKERS = 3
+VOCAB = {w: i + 3 for i, w in enumerate(WORDS)}
+
+
+class LoggedTokenizer:
+    """A plain callable tokenizer that notes in a file how many texts each process tokenized."""
+
+    def __init__(self, log: str) -> None:
+        self.log = log
+
+    def __call__(self, batch: list[str]) -> list[list[int]]:
+        with open(self.log, "a") as f:
+            f.write(f"{os.getpid()} {len(batch)}\n")
+        return [[VOCAB[w] for w in t.split()] for t in batch]
+
+    def tokenized(self) -> Counter:
+        per_process: Counter = Counter()
+        if os.path.exists(self.log):
+            for line in open(self.log):
+                pid, n = line.split()
+                per_process[pid] += int(n)
+        return per_process
+
+
+def make_pack(tmp_path, kind: str, tok: LoggedTokenizer) -> ss.PackedStream:
+    def source(name: str, seed: int) -> ss.ParquetStream:
+        return ss.ParquetStream(str(tmp_path / name), shuffle=True, seed=seed, rank=0, world_size=1)
+
+    if kind == "one corpus":
+        src: ss.ParquetStream | ss.BlendedStream = source("a", 3)
+    else:
+        src = ss.BlendedStream({"a": source("a", 3), "b": source("b", 4)}, {"a": 0.5, "b": 0.5}, batch_size=999,
+                               seed=5, rank=0, world_size=1)
+    return ss.PackedStream(src, column="text", seq_len=SEQ, batch_size=BATCH, tokenizer=tok, bos_id=1, eos_id=2)
+
+
+@pytest.mark.parametrize("kind", ["one corpus", "a blend"])
+def test_worker_processes_count_each_row_group_once_between_them(tmp_path, kind):
+    texts = [t for t in write_texts(tmp_path / "a", [[60] * 6, [45] * 5], seed=1) if t is not None]
+    if kind == "a blend":
+        texts += [t for t in write_texts(tmp_path / "b", [[50] * 4, [30] * 3], seed=2) if t is not None]
+    tok = LoggedTokenizer(str(tmp_path / "calls"))
+    plain = list(DataLoader(make_pack(tmp_path, kind, tok), batch_size=None, num_workers=WORKERS))
+    per_process = tok.tokenized()
+    assert len(set(per_process) - {str(os.getpid())}) == WORKERS  # (the parent counts if its len() comes first)
+
+    prepared_tok = LoggedTokenizer(str(tmp_path / "prepared-calls"))
+    prepared = make_pack(tmp_path, kind, prepared_tok)
+    prepared.set_epoch(0)
+    if kind == "one corpus":
+        prepared.epoch_length(num_workers=WORKERS)  # every stage counted before the workers start
+    counted_here = prepared_tok.tokenized()[str(os.getpid())]
+    assert counted_here == len(texts)
+    assert same_batches(plain, list(DataLoader(prepared, batch_size=None, num_workers=WORKERS)))
+    delivering = sum(prepared_tok.tokenized().values()) - counted_here  # what the prepared pack's workers tokenized
+    # The plain pack's workers tokenized that and the counts once between them; counting in every worker
+    # would have taken WORKERS times the texts on top.
+    assert sum(per_process.values()) - delivering == len(texts), (per_process, delivering)
