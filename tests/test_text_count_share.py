@@ -4,13 +4,18 @@ pack delivers."""
 
 from __future__ import annotations
 
+import fcntl
+import multiprocessing as mp
 import os
+import threading
+import time
 from collections import Counter
 
 import pytest
 from torch.utils.data import DataLoader
 
 import streamshard as ss
+from streamshard.io.process_share import ProcessShare
 from resume_harness import same_batches
 from test_packed_text import BATCH, SEQ, WORDS, write_texts
 
@@ -72,3 +77,37 @@ def test_worker_processes_count_each_row_group_once_between_them(tmp_path, kind)
     # The plain pack's workers tokenized that and the counts once between them; counting in every worker
     # would have taken WORKERS times the texts on top.
     assert sum(per_process.values()) - delivering == len(texts), (per_process, delivering)
+
+
+class Owner:
+    """Something for a share's directory to live as long as."""
+
+
+def test_a_process_forked_while_a_thread_holds_a_share_lock_does_not_keep_it():
+    """A pack's counting thread holds the count lock while the loader forks its workers: the children
+    must not keep the lock alive after the thread lets it go (everyone else would wait forever)."""
+    owner = Owner()
+    share = ProcessShare.owned_by(owner)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with share.locked("counts.lock"):
+            holding.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(60)
+    child = mp.get_context("fork").Process(target=time.sleep, args=(60,), daemon=True)
+    child.start()
+    release.set()
+    holder.join(60)
+    try:
+        fd = os.open(os.path.join(share.directory, "counts.lock"), os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: the child still held it
+        finally:
+            os.close(fd)
+    finally:
+        child.kill()
+        child.join()

@@ -19,6 +19,7 @@ import secrets
 import shutil
 import stat
 import tempfile
+import threading
 import weakref
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -26,14 +27,35 @@ from typing import Any, Iterator
 from ..errors import CatalogError
 
 _forks = 0  # how many times this process has forked (a DataLoader's fork workers are forks)
+# The descriptors of the locks this process has open. A child forked while one is held (a counting
+# thread holds it as the loader forks its workers) inherits the descriptor, and with it the lock, which
+# would then outlive the holder's release: the child closes its copies at once.
+_lock_fds: set[int] = set()
+_lock_fds_guard = threading.Lock()
 
 
-def _count_fork() -> None:
+def _before_fork() -> None:
     global _forks
     _forks += 1
+    _lock_fds_guard.acquire()  # no descriptor is opened or closed across the fork
 
 
-os.register_at_fork(before=_count_fork)
+def _after_fork_in_parent() -> None:
+    _lock_fds_guard.release()
+
+
+def _after_fork_in_child() -> None:
+    global _lock_fds_guard
+    for fd in _lock_fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _lock_fds.clear()
+    _lock_fds_guard = threading.Lock()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
 class ProcessShare:
@@ -90,12 +112,16 @@ class ProcessShare:
         """Hold the exclusive lock ``name`` of the share (waiting while another process holds it);
         yields the directory."""
         directory = self._make_directory()
-        fd = os.open(os.path.join(directory, name), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        with _lock_fds_guard:
+            fd = os.open(os.path.join(directory, name), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            _lock_fds.add(fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # released if the holder dies
             yield directory
         finally:
-            os.close(fd)  # the flock goes with the last descriptor
+            with _lock_fds_guard:
+                _lock_fds.discard(fd)
+                os.close(fd)  # the flock goes with the last descriptor
 
     def _remove(self, owner_pid: int) -> None:
         if os.getpid() == owner_pid:  # a forked child inherits the finalizer; the directory is the owner's
