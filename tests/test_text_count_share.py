@@ -83,6 +83,11 @@ class Owner:
     """Something for a share's directory to live as long as."""
 
 
+def _run_then_sleep(running) -> None:
+    running.set()
+    time.sleep(60)
+
+
 def test_a_process_forked_while_a_thread_holds_a_share_lock_does_not_keep_it():
     """A pack's counting thread holds the count lock while the loader forks its workers: the children
     must not keep the lock alive after the thread lets it go (everyone else would wait forever)."""
@@ -98,8 +103,11 @@ def test_a_process_forked_while_a_thread_holds_a_share_lock_does_not_keep_it():
     holder = threading.Thread(target=hold)
     holder.start()
     assert holding.wait(60)
-    child = mp.get_context("fork").Process(target=time.sleep, args=(60,), daemon=True)
+    fork = mp.get_context("fork")
+    running = fork.Event()
+    child = fork.Process(target=_run_then_sleep, args=(running,), daemon=True)
     child.start()
+    assert running.wait(60)  # the child runs its code (its fork hooks ran before)
     release.set()
     holder.join(60)
     try:
