@@ -320,7 +320,9 @@ def warm_arrow_while_waiting() -> None:
         except Exception:  # noqa: BLE001 - only a warm-up: the caller's own first pa.array() reports any error
             pass
 
-    threading.Thread(target=first_array, name="streamshard-arrow-warm-up", daemon=True).start()
+    # Not a daemon: an interpreter that finalizes while the thread still imports pandas's extensions
+    # aborts (SIGABRT), so a short program that exits right after its catalog waits for the import instead.
+    threading.Thread(target=first_array, name="streamshard-arrow-warm-up", daemon=False).start()
 
 
 def _as_list(paths: Any) -> list[Any]:
