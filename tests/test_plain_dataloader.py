@@ -24,6 +24,7 @@ import streamshard as ss
 from streamshard.io.catalog_share import SNAPSHOT, CatalogShare, catalog_from_json, catalog_to_json, load, save
 from streamshard.testing import write_corpus
 from helpers import assert_exactly_once, assert_rows_match_ids
+from launch import assert_equal_steps, assert_ids_exactly_once, launch
 from resume_harness import same_batches
 
 SMALL_ROWS = 229  # conftest's small_corpus
@@ -230,3 +231,54 @@ def test_blended_and_packed_streams_need_no_preparation_either(tmp_path, packed)
     prepared = make()
     prepared.set_epoch(0)
     assert plain and same_batches(plain, list(DataLoader(prepared, batch_size=None, num_workers=2)))
+
+
+RANKS_ASK_LEN_APART = """
+import json, os, sys, time
+import torch.distributed as dist
+from torch.utils.data import DataLoader, get_worker_info
+import streamshard as ss
+from streamshard.io.catalog_share import SNAPSHOT
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+
+
+class ListsLate(ss.ParquetStream):
+    @property
+    def catalog(self):
+        if self._catalog is None and get_worker_info() is not None and rank == 1:
+            time.sleep(1.0)  # rank 1's workers reach the catalog after their parent asked for len()
+        return super().catalog
+
+
+ds = ListsLate(sys.argv[1], batch_size=16)
+loader = DataLoader(ds, batch_size=None, num_workers=2)
+batches = iter(loader)
+while ds._cell.workers <= 0:
+    time.sleep(0.01)
+if rank == 0:  # rank 0's workers have published their snapshot before its parent asks
+    while not os.path.exists(os.path.join(ds._catalog_share.directory, SNAPSHOT)):
+        time.sleep(0.01)
+steps = len(loader)
+ids = [b["sample_id"][b["sample_id"] >= 0].tolist() for b in batches]
+print("REPORT", json.dumps({"rank": rank, "steps": steps, "batches": ids}), flush=True)
+dist.destroy_process_group()
+"""
+
+
+@slow
+def test_ranks_whose_parents_need_the_catalog_at_different_moments_neither_hang_nor_disagree(tmp_path):
+    """Under a process group, one rank's parent may find its workers' snapshot published when it asks for
+    ``len()`` and another's not: both must still join the footer reads split over the ranks (a rank that
+    skipped them left the other waiting in the collective)."""
+    write_corpus(str(tmp_path / "c"), [[50, 30], [7], [64, 64, 1]])
+    script = tmp_path / "job.py"
+    script.write_text(RANKS_ASK_LEN_APART)
+    code, out = launch(2, script, str(tmp_path / "c"), timeout=90)
+    assert code == 0, out
+    reports = [json.loads(line.split("REPORT ", 1)[1]) for line in out.splitlines() if "REPORT " in line]
+    assert sorted(r["rank"] for r in reports) == [0, 1]
+    assert_equal_steps(reports)
+    assert all(r["steps"] == len(r["batches"]) for r in reports), "len() is the steps each rank takes"
+    assert_ids_exactly_once([r["batches"] for r in reports], 216)
