@@ -7,6 +7,8 @@ one tokenizing pass over the corpus, split over the ranks (each counts every wor
 row group; an all-gather gives all of them to everyone) and over ``threads`` read/tokenize threads per
 rank (Hugging Face tokenizers run without the GIL); a bar on a terminal shows its progress. Warm, it
 costs one JSON read. A failure on any rank is raised on every rank (no rank waits forever for it).
+``count_over_ranks`` splits one later stage of a text epoch the same way, from a thread, over any
+all-gather it is handed (``streams/stage_counting.py`` gives it one).
 """
 
 from __future__ import annotations

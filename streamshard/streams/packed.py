@@ -8,7 +8,6 @@ packed corpus by corpus and blends sequences, planned like a blend's positions (
 
 from __future__ import annotations
 
-import logging
 import threading
 from functools import partial
 from typing import Any, Callable, Iterator, Sequence
@@ -47,9 +46,6 @@ from ..plan.validate import check_int
 
 TOKENS = "input_ids"  # the batch key of the ids of a tokenized text column
 FIRST_STAGE_BYTES = 8 << 20  # compressed text in a cold text epoch's first counting stage: a few seconds to count
-
-log = logging.getLogger("streamshard")
-
 
 
 class PackedStream(WeightSteering, PlannedStream):
@@ -92,7 +88,8 @@ class PackedStream(WeightSteering, PlannedStream):
     and each stage is planned on its own once counted (equal full batches per global worker, the
     leftover tokens carried into the next stage; only the epoch's last batches pad). ``set_epoch``
     counts the first stage (split over the ranks of an initialised process group, with a progress
-    bar on a terminal) and a background thread counts the others while training runs; a stage not
+    bar on a terminal) and a background thread counts the others while training runs (split over
+    the ranks too under a default process group: ``streams/stage_counting.py``); a stage not
     counted when training reaches it is counted then. Such a stream has no ``len()`` (a
     ``TypeError``, as for any iterable dataset without a length, whether its counts are cached or
     not: every rank answers alike), so a framework that asks for it before the first step (Lightning)
