@@ -118,8 +118,8 @@ def count_over_ranks(units: np.ndarray, known: np.ndarray, count: Callable[[np.n
 
 
 def _count_over_ranks(units: np.ndarray, counts: np.ndarray, count: Callable[[np.ndarray], np.ndarray],
-                      gather: Callable[[Any], list[Any]], place: tuple[int, int], weights: np.ndarray, round_weight: float,
-                      leaving: Callable[[], bool]) -> np.ndarray:
+                      gather: Callable[[Any], list[Any]], place: tuple[int, int], weights: np.ndarray,
+                      round_weight: float, leaving: Callable[[], bool]) -> np.ndarray:
     rank, world = place
     views, left = _gather({"lacks": [int(u) for u in units[counts[units] < 0]]}, gather, leaving)
     if left is not None:
@@ -178,7 +178,8 @@ def _gather(value: dict[str, Any], gather: Callable[[Any], list[Any]],
     try:
         shares = gather({**value, "leaving": bool(leaving())})
     except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError, DistBackendError, ...
-        raise collective.CollectiveFailed(f"a gather of the counting group failed: {type(exc).__name__}: {exc}") from exc
+        raise collective.CollectiveFailed(f"a gather of the counting group failed: {type(exc).__name__}: "
+                                          f"{exc}") from exc
     left = [r for r, share in enumerate(shares) if share["leaving"]]
     return shares, collective.CollectiveFailed(f"rank {left[0]} of the counting group is exiting") if left else None
 

@@ -512,11 +512,13 @@ class PackedStream(WeightSteering, PlannedStream):
                                     distributed=distributed, group=ds._catalog_group, rgs=first, known=counts.tokens,
                                     what=f"(the first of {len(stages)} stages of epoch {epoch})")
             counts.fill(first, got[first])
-        if distributed and ds._catalog_group is None and collective.process_group() is not None:
+        split = distributed and ds._catalog_group is None and collective.process_group() is not None
+        service = rank_counting() if split else None
+        if service is not None:
             # Every rank is here, in the same order (the first stage was a collective): the later stages
             # are split over the ranks by the counting group's thread, in the order of these calls.
             rank, world = collective.process_group() or (0, 1)
-            rank_counting().add(partial(
+            service.add(partial(
                 count_later_stages, counts=counts, stages=stages, known=self._known_counts,
                 count_share=self._count_share, saved=self._save_counts if rank == 0 else lambda tokens: None,
                 weights=self._text_weights(), round_weight=float(world * self.first_stage_bytes)))

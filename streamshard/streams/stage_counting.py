@@ -7,18 +7,21 @@ it reads as fast as it can) cannot count a stage before training reaches it. Her
 each later stage (``io/text_counts.count_over_ranks``), so each tokenizes about 1/world of it.
 
 Collectives from a thread need a group of their own (the training loop's collectives on the default
-group go on meanwhile) and the same order on every rank: ``RankCounting`` is one gloo group per
-process (made in the main thread, where the first stage is already counted collectively, so every
-rank reaches it in the same order) and one daemon thread that runs the jobs ``set_epoch`` gives it,
-one after the other; a job's collectives follow from gathered data only, never from what one rank
-happened to count meanwhile.
+group go on meanwhile) and the same order on every rank: ``RankCounting`` is one gloo backend per
+process over the default group's ranks and store (made in the main thread, where the first stage is
+already counted collectively, so every rank makes it in the same order; not registered with
+``torch.distributed``, so the training's ``destroy_process_group`` leaves it be) and one daemon
+thread that runs the jobs ``set_epoch`` gives it, one after the other; a job's collectives follow
+from gathered data only, never from what one rank happened to count meanwhile.
 
 Counts are deterministic (the same bytes and tokenizer give the same count), so the split only
 makes them come sooner: when a collective fails (a rank ended its training and exited, or destroyed
 its process group; a timeout of ``SPLIT_TIMEOUT_S`` where a rank lives on without counting), this
 rank counts the rest alone, for good (the group is left), with the same results. No rank waits
-longer than one timeout for another, and the thread is a daemon: it never holds up the
-interpreter's exit. Without a process group (one process, DataLoader worker processes) nothing here
+longer than one timeout for another. At the interpreter's exit (``atexit``) a rank still in the
+group says so at its next gather (at most one round's count away) and every rank leaves at that same
+gather, so no process ends inside a collective (gloo then aborts it) and none waits for one that
+will not come. Without a process group (one process, DataLoader worker processes) nothing here
 runs: the stages are counted alone as before.
 """
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import os
 import queue
 import threading
 import weakref
@@ -54,11 +58,12 @@ class RankCounting:
         import torch.distributed as dist
 
         self.parent = weakref.ref(parent)  # the default group it was made for (a new init_process_group: a new one)
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.rank, self.world, self.pid = dist.get_rank(), dist.get_world_size(), os.getpid()
         # A gloo backend of our own over the default store, not a registered group: the training's
         # destroy_process_group() (often called while this thread still counts) leaves it working, so
         # the exit below can leave it in step with the other ranks.
-        store = dist.PrefixStore(f"streamshard/count-stages/{len(_services)}", dist.distributed_c10d._get_default_store())
+        store = dist.PrefixStore(f"streamshard/count-stages/{len(_services)}",
+                                 dist.distributed_c10d._get_default_store())
         self.group: Any = dist.ProcessGroupGloo(store, self.rank, self.world, timedelta(seconds=SPLIT_TIMEOUT_S))
         self.failed: str | None = None  # why this rank left the group (then it counts alone)
         self.leaving = threading.Event()  # this process is exiting: say so at the next gather, then stop
@@ -82,14 +87,17 @@ class RankCounting:
 
     def close(self) -> None:
         """At the interpreter's exit: leave the group in step with the others (the next gather says so:
-        at most one round's count away), then destroy it, so no collective of this thread is half-done
+        at most one round's count away), then drop it, so no collective of this thread is half-done
         when the process ends (gloo aborts the process when one is). Waits at most ``SPLIT_TIMEOUT_S``
-        past that round."""
+        past that round; not at all where this rank left the group already."""
+        if os.getpid() != self.pid:
+            return  # a forked child (it has neither the thread nor a share in the group): leave them be
         self.leaving.set()
         self._jobs.put(None)  # wakes an idle thread
-        self._thread.join(SPLIT_TIMEOUT_S + 10)
-        if self._thread.is_alive():
-            return
+        if self.failed is None:  # else it left the group already (and may be counting alone: not waited for)
+            self._thread.join(SPLIT_TIMEOUT_S + 10)
+            if self._thread.is_alive():
+                return  # still inside a gather with a rank that lives on silent: left to the teardown
         self.group = None  # the last reference: the group's threads end now, not in the interpreter's teardown
 
     def gather(self, value: Any) -> list[Any]:
@@ -114,9 +122,10 @@ class RankCounting:
                             "alone", self.failed)
 
 
-def rank_counting() -> RankCounting:
+def rank_counting() -> RankCounting | None:
     """This process's counting group for the current default process group (made on first call:
-    in the main thread, at a point every rank reaches in the same order)."""
+    in the main thread, at a point every rank reaches in the same order); None where it cannot be
+    made (a warning: the stages are then counted alone)."""
     import torch.distributed as dist
 
     parent = dist.distributed_c10d._get_default_group()
@@ -124,9 +133,14 @@ def rank_counting() -> RankCounting:
         for service in _services:
             if service.parent() is parent:
                 return service
+        try:
+            service = RankCounting(parent)
+        except Exception as exc:  # noqa: BLE001 - e.g. gloo cannot find a network interface: count alone
+            log.warning("the later text stages are counted by each rank alone: no gloo group for counting "
+                        "(%s: %s)", type(exc).__name__, exc)
+            return None
         if not _services:
             atexit.register(_close_all)
-        service = RankCounting(parent)
         _services.append(service)
         return service
 

@@ -8,8 +8,9 @@ it tokenizes on the counting threads, calls ``set_epoch(0)`` (the first stage, c
 then the later ones beside training), and iterates the epoch in the main process.
 ``--wait-for-counts``: before iterating, wait until every stage is counted (so training never counts
 a stage itself: what the counting threads tokenized is the split alone). ``--stop-after N``: rank 1
-breaks out N batches past its first stage plan's (so a later stage was counted), destroys its process group and exits while counting goes on;
-``--slow S``: each counting call sleeps S seconds (a slow count, so it is still running then).
+breaks out N batches past its first stage plan's (so a later stage was counted), destroys its
+process group and exits while counting goes on; ``--slow S``: each counting call sleeps S seconds
+(a slow count, so it is still running then).
 Writes a JSON report per rank: texts tokenized to count (after the first stage, and in all), the
 token counts, every real token as (sample_id, token) per batch.
 """
