@@ -43,4 +43,3 @@ def all_gather(value: Any, group: Any = None) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(out, json.dumps(value), group=group)
     return [json.loads(item) for item in out]
-

@@ -92,19 +92,18 @@ def count_over_ranks(units: np.ndarray, known: np.ndarray, count: Callable[[np.n
                      round_weight: float, leaving: Callable[[], bool] = lambda: False) -> np.ndarray:
     """Tokens of ``units`` (a later stage of a text epoch), counted over the ranks that ``gather`` joins
     (``gather(value)``: every rank's JSON-safe value, in rank order; ``place``: this rank and their
-    number): what
-    some rank already holds (``known``, ``UNKNOWN`` elsewhere: ranks may differ, e.g. one whose
-    training counted the stage alone) is sent by the first rank holding it, and what none holds is
-    split into rounds of about ``round_weight`` (of ``weights``, per unit: compressed text bytes),
-    each rank counting every world-size-th unit of a round with ``count`` (alone: no collective),
-    the counts all-gathered after each round. So no rank waits inside a collective much longer
-    than one round's count on the slowest rank.
+    number). What some rank already holds (``known``, ``UNKNOWN`` elsewhere: ranks may differ, e.g.
+    one whose training counted the stage alone) is sent by the first rank holding it; what none
+    holds is split into rounds of about ``round_weight`` (of ``weights``, per unit: compressed text
+    bytes), each rank counting every world-size-th unit of a round with ``count`` (alone: no
+    collective), the counts all-gathered after each round. So no rank waits inside a collective
+    much longer than one round's count on the slowest rank.
 
     Every rank calls it with the same ``units``, in the same order as its other gathers: the number
-    of gathers follows from gathered data only. A failed
-    ``count`` on any rank raises ``ReadError`` on every rank (after the gather: none is left
-    waiting); a gather that fails (a rank gone, its timeout) raises ``CollectiveFailed``,
-    and the caller counts alone: counts are deterministic, so the split only makes them come sooner.
+    of gathers follows from gathered data only. A failed ``count`` on any rank raises ``ReadError``
+    on every rank (after the gather: none is left waiting); a gather that fails (a rank gone, its
+    timeout) raises ``CollectiveFailed`` (its ``counts``: what this rank had by then), and the caller
+    counts the rest alone: counts are deterministic, so the split only makes them come sooner.
     ``leaving()`` true on a rank (its process is exiting) is sent with its next gather, after which
     every rank raises ``CollectiveFailed`` at the same point: the group is left in step, with no
     collective left half-done."""
