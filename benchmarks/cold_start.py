@@ -15,7 +15,12 @@ bytes. Rows, each on a fresh ``StreamLoader(num_workers=2)`` (thread workers):
 Every token is delivered once (checked). Run it with any version of the package (``PYTHONPATH``): it
 passes ``first_stage_bytes`` only where ``PackedStream`` has it.
 
+``--ranks N`` runs the same on N ranks (torchrun, gloo on CPU, one machine: the ranks share its
+cores), each rank its own ``StreamLoader(num_workers=2)``; every row is per rank, and the tokens
+delivered over all ranks are checked.
+
     flock /tmp/bench.lock env PYTHONPATH=$PWD .venv/bin/python benchmarks/cold_start.py --docs 150000 --workdir /tmp/cold_corpus
+    flock /tmp/bench.lock env PYTHONPATH=$PWD .venv/bin/python benchmarks/cold_start.py --docs 150000 --workdir /tmp/cold_corpus --ranks 2
 """
 
 from __future__ import annotations
@@ -60,13 +65,28 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=150_000)
     parser.add_argument("--workdir", default="/tmp/streamshard_cold_corpus")
     parser.add_argument("--json", default=os.path.join(os.path.dirname(__file__), "out", "cold_start.json"))
+    parser.add_argument("--ranks", type=int, default=1, help="ranks (torchrun, gloo on CPU); 1: one process")
     args = parser.parse_args()
     from tokenizers import Tokenizer
 
+    ranked = "RANK" in os.environ
+    if not ranked:  # the corpus and an empty count cache, once, before any rank starts
+        prepare(args.workdir, args.docs)
+        shutil.rmtree(os.path.join(args.workdir, "cache"), ignore_errors=True)
+    if args.ranks > 1 and not ranked:
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.ranks}",
+                        "--master_addr=127.0.0.1", "--master_port=29517", os.path.abspath(__file__), *sys.argv[1:]],
+                       check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        return
+    rank, world = 0, 1
+    if ranked:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
     data, tok_path, total = prepare(args.workdir, args.docs)
     tok = Tokenizer.from_file(tok_path)
     cache = os.path.join(args.workdir, "cache")
-    shutil.rmtree(cache, ignore_errors=True)
     staged = "first_stage_bytes" in inspect.signature(ss.PackedStream).parameters
     compressed = sum(os.path.getsize(os.path.join(data, f)) for f in os.listdir(data))
 
@@ -95,10 +115,16 @@ def main() -> None:
         tokens += int((batch["sample_id"] >= 0).sum())
         steps += 1
     seconds = time.perf_counter() - t0
+    if ranked:
+        import torch.distributed as dist
+
+        every: list = [None] * world
+        dist.all_gather_object(every, tokens)
+        tokens = sum(every)
     assert tokens == total, (tokens, total)
     rows["cold: epoch"] = {"seconds": seconds, "steps": steps, "stall": (waited + rows["cold: first batch"]["seconds"])
                            / seconds}
-    edges = stage_edges(made[0], 2) if staged else []
+    edges = stage_edges(made[0], 2, world) if staged else []
     if staged:
         at_edges = [waits[i] for i in edges if i < len(waits)]
         rows["cold: stage edges"] = {"seconds": sum(at_edges), "stall": sum(at_edges) / seconds, "edges": len(edges),
@@ -107,31 +133,45 @@ def main() -> None:
     next(iter(loader()))
     rows["warm: first batch"] = {"seconds": time.perf_counter() - t0}
 
+    if ranked:
+        import torch.distributed as dist
+
+        per_rank: list = [None] * world
+        dist.all_gather_object(per_rank, rows)
+        dist.destroy_process_group()
+        if rank:
+            return
+    else:
+        per_rank = [rows]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=os.path.dirname(ss.__file__)).stdout.strip()
     print(f"streamshard {commit} ({'staged' if staged else 'whole-corpus'} count) from {os.path.dirname(ss.__file__)}")
     print(f"corpus: {args.docs} documents, {total:,} tokens, {compressed / 2**20:.1f} MiB of Parquet; "
-          f"[{BATCH}, {SEQ}] batches; {STEP_S * 1000:.0f} ms step; {os.cpu_count()} cpus")
-    print(f"{'row':<22} {'seconds':>9} {'stall':>7}")
-    for label, row in rows.items():
-        stall = f"{row['stall']:.0%}" if "stall" in row else ""
-        more = f"  ({row['edges']} edges, longest {row['longest']:.2f} s)" if "edges" in row else ""
-        print(f"{label:<22} {row['seconds']:>9.2f} {stall:>7}{more}")
+          f"[{BATCH}, {SEQ}] batches; {STEP_S * 1000:.0f} ms step; {os.cpu_count()} cpus; {world} rank(s)")
+    print(f"{'row':<30} {'seconds':>9} {'stall':>7}")
+    for r, mine in enumerate(per_rank):
+        for label, row in mine.items():
+            stall = f"{row['stall']:.0%}" if "stall" in row else ""
+            more = f"  ({row['edges']} edges, longest {row['longest']:.2f} s)" if "edges" in row else ""
+            name = f"rank {r}: {label}" if world > 1 else label
+            print(f"{name:<30} {row['seconds']:>9.2f} {stall:>7}{more}")
     result = {"commit": commit, "staged": staged, "docs": args.docs, "tokens": total, "parquet_bytes": compressed,
-              "seq_len": SEQ, "batch_size": BATCH, "step_s": STEP_S, "cpus": os.cpu_count(), "rows": rows}
+              "seq_len": SEQ, "batch_size": BATCH, "step_s": STEP_S, "cpus": os.cpu_count(), "ranks": world,
+              "rows": per_rank[0], "rows_per_rank": per_rank}
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump(result, f, indent=1)
     print(f"wrote {args.json}")
 
 
-def stage_edges(ps: ss.PackedStream, num_workers: int) -> list[int]:
+def stage_edges(ps: ss.PackedStream, num_workers: int, world: int = 1) -> list[int]:
     """The loop's batch indices (the first batch is 0) of each worker's first batch in every stage plan
-    after the first: the loader hands batches round robin over its workers."""
+    after the first: the loader hands batches round robin over its workers (every worker of every
+    rank has the same batches per plan)."""
     from streamshard.plan.packing_stages import StagePlans
 
     planner = ps.planner
-    plans = StagePlans(planner.stages(0), planner.counts, planner.config, 0, num_workers)
+    plans = StagePlans(planner.stages(0), planner.counts, planner.config, 0, world * num_workers)
     plans.steps  # every plan built (the counts are all in hand after the epoch)
     return [start * num_workers + w for start in plans.starts[1:-1] for w in range(num_workers)]
 

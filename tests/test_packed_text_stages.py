@@ -306,3 +306,73 @@ def test_a_framework_that_reads_ahead_saves_the_state_of_what_it_trained(staged_
     again = list(loader)  # the next epoch, then a framework's set_epoch of a finished pass's epoch restarts it
     loader.sampler.set_epoch(1)
     assert same_batches(list(loader), again)
+
+
+def _split_job(tmp_path, *args, timeout=120):
+    from pathlib import Path
+
+    from launch import launch
+
+    texts = write_texts(tmp_path / "data", [[9, 14, 6, 11], [12, 8, 10], [7, 13, 9], [10, 6, 12]], seed=8)
+    done = launch(2, Path(__file__).parent / "frameworks" / "text_stages_split_job.py", "--data",
+                  str(tmp_path / "data"), "--report", str(tmp_path / "report"), "--first-stage-bytes", "150", *args,
+                  timeout=timeout)
+    reports = [json.loads((tmp_path / "report" / f"rank{r}.json").read_text())
+               if (tmp_path / "report" / f"rank{r}.json").exists() else None for r in range(2)]
+    return texts, done, reports
+
+
+def _unsplit_batches(path, rank):
+    """A rank's batches of the same pack without a process group (every stage counted alone)."""
+    source = ss.ParquetStream(path, shuffle=True, seed=1, rank=rank, world_size=2)
+    ps = ss.PackedStream(source, column="text", seq_len=16, batch_size=2, eos_id=0, first_stage_bytes=150,
+                         tokenizer=lambda batch: [[len(w) for w in t.split()] for t in batch])
+    out = []
+    for batch in ss.StreamLoader(ps, num_workers=0):
+        sid, ids = batch["sample_id"].reshape(-1), batch["input_ids"].reshape(-1)
+        out.append([[s, t] for s, t in zip(sid.tolist(), ids.tolist()) if s >= 0])
+    return out
+
+
+@pytest.mark.slow
+def test_two_ranks_split_the_later_stages_each_counting_a_share(tmp_path):
+    """torchrun, 2 ranks, gloo: the later stages are counted over the ranks (before: every rank counted
+    all of them itself, so the texts tokenized to count summed to far more than the corpus); every token
+    once, equal steps, and each rank's batches are those of the same pack counted without the split."""
+    from launch import check
+
+    texts, done, reports = _split_job(tmp_path, "--wait-for-counts")
+    check(done)
+    present = sum(t is not None for t in texts)
+    assert reports[0]["stages"] >= 4, "several later stages"
+    assert reports[0]["counts"] == reports[1]["counts"] and min(reports[0]["counts"]) >= 0
+    later = [r["counted_texts"] - r["first_stage_texts"] for r in reports]
+    assert sum(r["counted_texts"] for r in reports) == present, f"each text tokenized once to count: {reports}"
+    assert all(0 < n < sum(later) for n in later), f"both ranks counted a share of the later stages: {later}"
+    assert len(reports[0]["batches"]) == len(reports[1]["batches"]), "equal steps"
+    for r, report in enumerate(reports):
+        assert report["batches"] == _unsplit_batches(str(tmp_path / "data"), r), f"rank {r}: other batches"
+    tokens_of: dict[int, list[int]] = {}
+    for report in reports:
+        for batch in report["batches"]:
+            for s, t in batch:
+                tokens_of.setdefault(s, []).append(t)
+    for s, t in enumerate(texts):
+        assert sorted(tokens_of.get(s, [])) == sorted([] if t is None else [len(w) for w in t.split()] + [0])
+
+
+@pytest.mark.slow
+def test_a_rank_that_stops_early_hangs_neither_the_other_nor_its_own_exit(tmp_path):
+    """Rank 1 breaks out after a few batches, destroys its process group and exits while the later stages
+    are still being counted (slowly): rank 0 counts the rest alone and ends its epoch with the batches of
+    an unsplit count; both exit cleanly (gloo aborts a process that exits inside a collective). Rank 1
+    counted a share of the later stages before it left (before: rank 0 counted all of them itself)."""
+    from launch import check
+
+    texts, done, reports = _split_job(tmp_path, "--stop-after", "2", "--slow", "0.15", timeout=90)
+    check(done)  # a hang is a kill after 90 s, an abort at exit a signal: both fail here
+    present = sum(t is not None for t in texts)
+    assert reports[0]["batches"] == _unsplit_batches(str(tmp_path / "data"), 0)
+    assert 0 < len(reports[1]["batches"]) < len(reports[0]["batches"]), "rank 1 stopped early"
+    alone = present - reports[1]["first_stage_texts"]  # what rank 0 tokenizes to count without the split
+    assert reports[0]["counted_texts"] < alone, f"rank 1 never helped with the later stages: {reports}"

@@ -183,3 +183,25 @@ def test_a_state_past_the_epoch_is_refused():
     p.check(Position(0, [Segment(2, 2, steps)]))
     with pytest.raises(StateError, match=r"history'\]\[0\]"):
         p.check(Position(0, [Segment(2, 2, steps + 1)]))
+
+
+def test_a_stage_being_counted_elsewhere_is_waited_for_not_counted_again():
+    """``StageCounts.claimed``: while a counting thread splits a stage over the ranks, training that needs
+    it waits for those counts instead of tokenizing the same row groups itself (before: no claim)."""
+    import threading
+
+    asked = []
+    counts = StageCounts(np.zeros(6, dtype=np.int64), lambda rgs: asked.append(rgs.tolist()) or rgs * 10)
+    units = np.array([1, 2, 3])
+    got = []
+    with counts.claimed(units):
+        reader = threading.Thread(target=lambda: got.append(counts.of(np.array([2, 3]))))
+        reader.start()
+        reader.join(0.3)
+        assert reader.is_alive() and not asked, "it waits for the claimed stage, counting nothing"
+        counts.fill(units, np.array([7, 8, 9]))
+    reader.join(5)
+    assert got[0].tolist() == [8, 9] and not asked
+    with counts.claimed(np.array([4])):  # a claim that ends without its counts: what is missing is counted
+        pass
+    assert counts.of(np.array([4, 5])).tolist() == [40, 50] and asked == [[4, 5]]

@@ -11,6 +11,13 @@ import sys
 from typing import Any
 
 
+class CollectiveFailed(RuntimeError):
+    """A collective that did not complete on this rank (a rank gone, the group destroyed, a timeout);
+    the error it raised is its ``__cause__``. ``counts``: what the failed work had in hand (or None)."""
+
+    counts: Any = None
+
+
 def process_group(group: Any = None) -> tuple[int, int] | None:
     """``(rank, world_size)`` in ``group`` (None: the default group) when torch.distributed is
     initialised and the group has more than one rank."""

@@ -7,6 +7,8 @@ one tokenizing pass over the corpus, split over the ranks (each counts every wor
 row group; an all-gather gives all of them to everyone) and over ``threads`` read/tokenize threads per
 rank (Hugging Face tokenizers run without the GIL); a bar on a terminal shows its progress. Warm, it
 costs one JSON read. A failure on any rank is raised on every rank (no rank waits forever for it).
+``count_over_ranks`` splits one later stage of a text epoch the same way, from a thread, over any
+all-gather it is handed (``streams/stage_counting.py`` gives it one).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import sys
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -83,6 +85,102 @@ def count_text_tokens(catalog: Any, storage_options: dict[str, Any], column: str
     if cache is not None and (place is None or place[0] == 0):
         cache.save(catalog, counts)
     return counts
+
+
+def count_over_ranks(units: np.ndarray, known: np.ndarray, count: Callable[[np.ndarray], np.ndarray],
+                     gather: Callable[[Any], list[Any]], place: tuple[int, int], weights: np.ndarray,
+                     round_weight: float, leaving: Callable[[], bool] = lambda: False) -> np.ndarray:
+    """Tokens of ``units`` (a later stage of a text epoch), counted over the ranks that ``gather`` joins
+    (``gather(value)``: every rank's JSON-safe value, in rank order; ``place``: this rank and their
+    number). What some rank already holds (``known``, ``UNKNOWN`` elsewhere: ranks may differ, e.g.
+    one whose training counted the stage alone) is sent by the first rank holding it; what none
+    holds is split into rounds of about ``round_weight`` (of ``weights``, per unit: compressed text
+    bytes), each rank counting every world-size-th unit of a round with ``count`` (alone: no
+    collective), the counts all-gathered after each round. So no rank waits inside a collective
+    much longer than one round's count on the slowest rank.
+
+    Every rank calls it with the same ``units``, in the same order as its other gathers: the number
+    of gathers follows from gathered data only. A failed ``count`` on any rank raises ``ReadError``
+    on every rank (after the gather: none is left waiting); a gather that fails (a rank gone, its
+    timeout) raises ``CollectiveFailed`` (its ``counts``: what this rank had by then), and the caller
+    counts the rest alone: counts are deterministic, so the split only makes them come sooner.
+    ``leaving()`` true on a rank (its process is exiting) is sent with its next gather, after which
+    every rank raises ``CollectiveFailed`` at the same point: the group is left in step, with no
+    collective left half-done."""
+    counts = np.asarray(known, dtype=np.int64).copy()
+    try:
+        return _count_over_ranks(np.asarray(units, dtype=np.int64), counts, count, gather, place, weights,
+                                 round_weight, leaving)
+    except collective.CollectiveFailed as exc:
+        exc.counts = counts  # what was counted here or gathered before it failed: not to be counted again
+        raise
+
+
+def _count_over_ranks(units: np.ndarray, counts: np.ndarray, count: Callable[[np.ndarray], np.ndarray],
+                      gather: Callable[[Any], list[Any]], place: tuple[int, int], weights: np.ndarray,
+                      round_weight: float, leaving: Callable[[], bool]) -> np.ndarray:
+    rank, world = place
+    views, left = _gather({"lacks": [int(u) for u in units[counts[units] < 0]]}, gather, leaving)
+    if left is not None:
+        raise left
+    lacking = [np.asarray(view["lacks"], dtype=np.int64) for view in views]
+    needed = np.unique(np.concatenate(lacking))
+    if not needed.size:
+        return counts[units]
+    holds = np.stack([~np.isin(needed, lacks) for lacks in lacking])  # [rank, needed]: who holds each
+    nobody = needed[~holds.any(axis=0)]
+    send = needed[holds.any(axis=0) & (holds.argmax(axis=0) == rank)]  # held: the first holder sends it
+    for i, part in enumerate(_rounds(nobody, np.asarray(weights, dtype=np.float64), round_weight, world)):
+        mine = part[rank::world]
+        error: BaseException | None = None
+        try:
+            got = np.asarray(count(mine), dtype=np.int64) if mine.size else np.zeros(0, np.int64)
+            if got.shape != mine.shape or (got < 0).any():
+                raise ValueError(f"counting gave {got!r} for {len(mine)} row groups")
+            counts[mine] = got
+        except Exception as exc:  # noqa: BLE001 - re-raised below, after the other ranks learn of it
+            error = exc
+        sent = np.concatenate([send, mine]) if i == 0 else mine
+        shares, left = _gather({"rgs": [int(r) for r in sent], "counts": [int(c) for c in counts[sent]],
+                                "error": None if error is None else f"{type(error).__name__}: {error}"}, gather,
+                               leaving)
+        if error is not None:
+            raise error
+        failed = [(r, s["error"]) for r, s in enumerate(shares) if s["error"]]
+        if failed:
+            raise ReadError(f"counting tokens failed on rank {failed[0][0]}: {failed[0][1]}")
+        for share in shares:
+            counts[np.array(share["rgs"], dtype=np.int64)] = share["counts"]
+        if left is not None:
+            raise left
+    return counts[units]
+
+
+def _rounds(units: np.ndarray, weights: np.ndarray, round_weight: float, world: int) -> list[np.ndarray]:
+    """``units`` cut in order into rounds of about ``round_weight`` (at least ``world`` units each, so
+    every rank has a share; the last one takes what is left); one empty round when there are none."""
+    rounds, start, weight = [], 0, 0.0
+    for i, w in enumerate(weights[units].tolist()):
+        weight += w
+        if weight >= round_weight and i + 1 - start >= world:
+            rounds.append(units[start:i + 1])
+            start, weight = i + 1, 0.0
+    if start < len(units) or not rounds:
+        rounds.append(units[start:])
+    return rounds
+
+
+def _gather(value: dict[str, Any], gather: Callable[[Any], list[Any]],
+            leaving: Callable[[], bool]) -> tuple[list[dict[str, Any]], collective.CollectiveFailed | None]:
+    """Every rank's ``value``, and the error to raise on every rank (after using them) when one said
+    it is leaving; a gather that fails, whatever it raises, is a ``CollectiveFailed``."""
+    try:
+        shares = gather({**value, "leaving": bool(leaving())})
+    except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError, DistBackendError, ...
+        raise collective.CollectiveFailed(f"a gather of the counting group failed: {type(exc).__name__}: "
+                                          f"{exc}") from exc
+    left = [r for r, share in enumerate(shares) if share["leaving"]]
+    return shares, collective.CollectiveFailed(f"rank {left[0]} of the counting group is exiting") if left else None
 
 
 def _count(catalog: Any, storage_options: dict[str, Any], column: str, tokenizer: TextTokenizer,

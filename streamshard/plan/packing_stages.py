@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -88,13 +89,36 @@ class StageCounts:
 
     ``count(units)`` returns the tokens of ``units`` (it may take long: it tokenizes); ``known``
     holds counts already at hand (a warm cache), ``UNKNOWN`` elsewhere. Thread-safe: a unit is
-    counted once, and whoever needs it meanwhile waits. Shared by the epochs (their stages differ)."""
+    counted once, and whoever needs it meanwhile waits. Shared by the epochs (their stages differ).
+    Units being counted elsewhere (``claimed``: split over the ranks by a counting thread) are waited
+    for, not counted again."""
 
     def __init__(self, rg_file: np.ndarray, count: Callable[[np.ndarray], np.ndarray],
                  known: np.ndarray | None = None) -> None:
         self.rg_file, self._count = rg_file, count
         self.tokens = np.full(len(rg_file), UNKNOWN, dtype=np.int64) if known is None else known.astype(np.int64)
         self._lock, self._pid = threading.Lock(), os.getpid()
+        self._claims: list[tuple[np.ndarray, threading.Event]] = []
+
+    @contextmanager
+    def claimed(self, units: np.ndarray) -> Iterator[None]:
+        """While inside, ``of`` waits for ``units`` (being counted elsewhere, then ``fill``-ed) instead
+        of counting them itself; whoever claims must leave, however its count ends (a failed one:
+        ``of`` then counts what is still missing)."""
+        entry = (np.asarray(units, dtype=np.int64), threading.Event())
+        self._claims.append(entry)
+        try:
+            yield
+        finally:
+            self._claims.remove(entry)
+            entry[1].set()
+
+    def _wait_for_claims(self, units: np.ndarray) -> None:
+        if self._pid != os.getpid():  # a forked child: the claimer is a thread it lacks
+            self._lock, self._pid, self._claims = threading.Lock(), os.getpid(), []
+        for claim, done in list(self._claims):
+            if np.isin(units, claim).any():
+                done.wait()
 
     def counted(self, units: np.ndarray) -> bool:
         return bool((self.tokens[units] >= 0).all())
@@ -110,6 +134,7 @@ class StageCounts:
         have = self.tokens[units]
         if (have >= 0).all():  # counted: no wait behind a stage being counted
             return have
+        self._wait_for_claims(units)
         with self._held():
             missing = units[self.tokens[units] < 0]
             if missing.size:

@@ -8,8 +8,8 @@ packed corpus by corpus and blends sequences, planned like a blend's positions (
 
 from __future__ import annotations
 
-import logging
 import threading
+from functools import partial
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -39,6 +39,7 @@ from ..convert.tensors import Batch
 from ..io import collective
 from ..io.count_share import CountShare
 from ..io.text_counts import count_text_tokens, row_group_texts
+from .stage_counting import count_later_stages, count_later_stages_alone, rank_counting
 from ..convert.text_tokenizer import TextTokenizer
 from ..io.token_count_cache import TokenCountCache
 from ..plan.topology import current_worker
@@ -46,9 +47,6 @@ from ..plan.validate import check_int
 
 TOKENS = "input_ids"  # the batch key of the ids of a tokenized text column
 FIRST_STAGE_BYTES = 8 << 20  # compressed text in a cold text epoch's first counting stage: a few seconds to count
-
-log = logging.getLogger("streamshard")
-
 
 
 class PackedStream(WeightSteering, PlannedStream):
@@ -91,7 +89,8 @@ class PackedStream(WeightSteering, PlannedStream):
     and each stage is planned on its own once counted (equal full batches per global worker, the
     leftover tokens carried into the next stage; only the epoch's last batches pad). ``set_epoch``
     counts the first stage (split over the ranks of an initialised process group, with a progress
-    bar on a terminal) and a background thread counts the others while training runs; a stage not
+    bar on a terminal) and a background thread counts the others while training runs (split over
+    the ranks too under a default process group: ``streams/stage_counting.py``); a stage not
     counted when training reaches it is counted then. Such a stream has no ``len()`` (a
     ``TypeError``, as for any iterable dataset without a length, whether its counts are cached or
     not: every rank answers alike), so a framework that asks for it before the first step (Lightning)
@@ -461,15 +460,18 @@ class PackedStream(WeightSteering, PlannedStream):
         counting), cut by compressed text bytes (rows where the catalog has no byte ranges)."""
         if self._stages is None or self._stages[0] != epoch:
             ds = self.source
-            catalog = ds.catalog
-            order = stream_order(catalog.layout, ds.config, epoch)
-            if catalog.rg_ranges is not None and self.column in catalog.file_columns:
-                span = catalog.rg_ranges[:, catalog.file_columns.index(self.column)]
-                weights = (span[:, 1] - span[:, 0]).astype(np.float64)
-            else:
-                weights = catalog.rg_rows.astype(np.float64) * 1024  # ~1 KiB of text a document
-            self._stages = (epoch, Stages.split(order, weights, self.first_stage_bytes))
+            order = stream_order(ds.catalog.layout, ds.config, epoch)
+            self._stages = (epoch, Stages.split(order, self._text_weights(), self.first_stage_bytes))
         return self._stages[1]
+
+    def _text_weights(self) -> np.ndarray:
+        """What counting each row group costs: its compressed text bytes (rows where the catalog has no
+        byte ranges)."""
+        catalog = self.source.catalog
+        if catalog.rg_ranges is not None and self.column in catalog.file_columns:
+            span = catalog.rg_ranges[:, catalog.file_columns.index(self.column)]
+            return (span[:, 1] - span[:, 0]).astype(np.float64)
+        return catalog.rg_rows.astype(np.float64) * 1024  # ~1 KiB of text a document
 
     def _stage_counts(self) -> StageCounts:
         """The token counts, as far as counted: the cache's at first (this process's view of it)."""
@@ -477,11 +479,16 @@ class PackedStream(WeightSteering, PlannedStream):
             assert self.text is not None
             ds = self.source
             self._column_dtypes()
-            known = None
-            if ds.catalog_cache and self.text.identity:
-                known = TokenCountCache(ds.catalog_cache, self.text.identity, self.column).load(ds.catalog)
+            cache = self._count_cache()
+            known = cache.load(ds.catalog) if cache is not None else None
             self._counts = StageCounts(ds.catalog.rg_file, self._count_stage, known)
         return self._counts
+
+    def _count_cache(self) -> TokenCountCache | None:
+        assert self.text is not None
+        ds = self.source
+        return TokenCountCache(ds.catalog_cache, self.text.identity, self.column) \
+            if ds.catalog_cache and self.text.identity else None
 
     def _count_stage(self, rgs: np.ndarray, what: str = "(a later stage of the epoch, beside training)",
                      quiet: bool = True) -> np.ndarray:
@@ -524,11 +531,40 @@ class PackedStream(WeightSteering, PlannedStream):
         elif not counts.counted(first):
             missing = first[counts.tokens[first] < 0]
             counts.fill(missing, self._count_stage(missing, what, quiet=False))
+        split = distributed and ds._catalog_group is None and collective.process_group() is not None
+        service = rank_counting() if split else None
+        if service is not None:
+            # Every rank is here, in the same order (the first stage was a collective): the later stages
+            # are split over the ranks by the counting group's thread, in the order of these calls.
+            rank, world = collective.process_group() or (0, 1)
+            service.add(partial(
+                count_later_stages, counts=counts, stages=stages, known=self._known_counts,
+                count_mine=self._count_rank_share, saved=self._save_counts if rank == 0 else lambda tokens: None,
+                weights=self._text_weights(), round_weight=float(world * self.first_stage_bytes)))
+            return
         running = self._counter is not None and self._counter.is_alive()  # one at a time (an earlier epoch's goes on)
         if current_worker()[1] == 0 and not running and not counts.counted(stages.order):
-            self._counter = threading.Thread(target=_count_stages, args=(counts, stages), daemon=True,
+            self._counter = threading.Thread(target=count_later_stages_alone, args=(counts, stages), daemon=True,
                                              name="streamshard-count-stages")
             self._counter.start()
+
+    def _known_counts(self) -> np.ndarray:
+        """This process's counts, the cache's where it has none (another process may have saved them)."""
+        tokens, cache = self._stage_counts().tokens.copy(), self._count_cache()
+        return tokens if cache is None else np.where(tokens >= 0, tokens, cache.load(self.source.catalog))
+
+    def _count_rank_share(self, rgs: np.ndarray) -> np.ndarray:
+        """Count ``rgs`` here, alone (this rank's share of a stage split over the ranks)."""
+        assert self.text is not None
+        ds = self.source
+        counts = count_text_tokens(ds.catalog, ds.storage_options, self.column, self.text, None, quiet=True,
+                                   rgs=rgs, what="(this rank's share of a later stage, beside training)")
+        return counts[rgs]
+
+    def _save_counts(self, tokens: np.ndarray) -> None:
+        cache = self._count_cache()
+        if cache is not None:
+            cache.save(self.source.catalog, tokens)
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
@@ -581,20 +617,6 @@ class PackedStream(WeightSteering, PlannedStream):
             dtype = np.dtype(t.value_type.to_pandas_dtype())
             dtypes[name] = np.dtype(np.int64) if dtype.kind == "u" and dtype != np.uint8 else dtype  # torch lacks most uints
         return dtypes
-
-
-def _count_stages(counts: StageCounts, stages: Stages) -> None:
-    """A background thread's work: count the stages after the first, in order. A failure is left to
-    whoever needs that stage (it counts it again and raises, naming the file and row group)."""
-    for k in range(1, len(stages)):
-        try:
-            counts.of(stages.units(k))
-        except Exception as exc:  # noqa: BLE001 - training counts the stage itself when it gets there
-            if not threading.main_thread().is_alive():
-                return  # the interpreter is exiting
-            log.warning("counting stage %d of %d in the background failed (%s: %s); it is counted when training "
-                        "reaches it", k, len(stages), type(exc).__name__, exc)
-            return
 
 
 def _in_document_order(lengths: np.ndarray, values: dict[str, np.ndarray], rg: int, documents: EpochPlan) -> TokenGroup:

@@ -1,0 +1,87 @@
+"""A raw-text epoch's later stages counted over the ranks: each rank tokenizes a share of them.
+
+    torchrun --nproc_per_node=2 tests/frameworks/text_stages_split_job.py --data DIR --report REP \
+        --first-stage-bytes 200 [--wait-for-counts] [--stop-after N] [--slow S]
+
+Each rank builds ``PackedStream(tokenizer=...)`` with a callable (word lengths) that counts the texts
+it tokenizes on the counting threads, calls ``set_epoch(0)`` (the first stage, counted over the ranks;
+then the later ones beside training), and iterates the epoch in the main process.
+``--wait-for-counts``: before iterating, wait until every stage is counted (so training never counts
+a stage itself: what the counting threads tokenized is the split alone). ``--stop-after N``: rank 1
+breaks out N batches past its first stage plan's (so a later stage was counted), destroys its
+process group and exits while counting goes on; ``--slow S``: each counting call sleeps S seconds
+(a slow count, so it is still running then).
+Writes a JSON report per rank: texts tokenized to count (after the first stage, and in all), the
+token counts, every real token as (sample_id, token) per batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+import time
+
+import numpy as np
+import torch.distributed as dist
+
+import streamshard as ss
+
+
+class Lengths:
+    def __init__(self, slow: float) -> None:
+        self.texts, self.slow, self.lock = 0, slow, threading.Lock()
+
+    def __call__(self, batch: list[str]) -> list[list[int]]:
+        if threading.current_thread().name.startswith("streamshard-count"):  # counting, not reading
+            with self.lock:
+                self.texts += len(batch)
+            time.sleep(self.slow)
+        return [[len(word) for word in text.split()] for text in batch]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--report", required=True)
+    parser.add_argument("--first-stage-bytes", type=int, required=True)
+    parser.add_argument("--wait-for-counts", action="store_true")
+    parser.add_argument("--stop-after", type=int, default=None)
+    parser.add_argument("--slow", type=float, default=0.0)
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    tokenizer = Lengths(args.slow)
+    ps = ss.PackedStream(ss.ParquetStream(args.data, shuffle=True, seed=1), column="text", seq_len=16,
+                         batch_size=2, tokenizer=tokenizer, eos_id=0, first_stage_bytes=args.first_stage_bytes)
+    ps.set_epoch(0)
+    first = tokenizer.texts
+    counts = ps.planner.counts
+    every = np.arange(len(counts.tokens), dtype=np.int64)
+    if args.wait_for_counts:
+        deadline = time.monotonic() + 60
+        while not counts.counted(every) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    stop = None
+    if args.stop_after is not None:  # past the first stage plan: its next batches need a later stage counted
+        from streamshard.plan.packing_stages import StagePlans
+
+        planner = ps.planner
+        first_plan = StagePlans(planner.stages(0), counts, planner.config, 0, 2).plan(0)
+        stop = (first_plan.steps if first_plan is not None else 0) + args.stop_after
+    batches = []
+    for batch in ps:  # the stream itself: a StreamLoader's end of pass sets the next epoch (a collective)
+        sid, ids = batch["sample_id"].reshape(-1), batch["input_ids"].reshape(-1)
+        batches.append([[s, t] for s, t in zip(sid.tolist(), ids.tolist()) if s >= 0])
+        if rank == 1 and len(batches) == stop:
+            break
+    os.makedirs(args.report, exist_ok=True)
+    with open(os.path.join(args.report, f"rank{rank}.json"), "w") as f:
+        json.dump({"first_stage_texts": first, "counted_texts": tokenizer.texts, "batches": batches,
+                   "counts": counts.tokens.tolist(), "stages": len(ps.planner.stages(0))}, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
