@@ -38,7 +38,7 @@ from .fetch import FileFetcher, ReadStats
 from .footer import chunk_ranges
 from .reader_parts import DecodeCounts, _SparseFile, check_decoded, decode_rows, join_pieces, keep_rows
 from .retry import RetriesExhausted, RetryPolicy, describe
-from .storage import FileSystems
+from .storage import FileSystems, is_async
 
 log = logging.getLogger("streamshard")
 
@@ -294,6 +294,19 @@ class RowGroupReader:
             known = 0 if metadata is None else row_group_decoded_bytes(metadata, row_group, self.columns)
             self._estimates[key] = known
         return known
+
+    def fetch_bytes(self, file_index: int, row_group: int) -> int | None:
+        """Compressed bytes a read of the group fetches when its file is on object storage (an async
+        filesystem: each read a round trip), from the catalog's ranges or a footer at hand; None on a
+        local filesystem, or when neither is at hand (nothing is fetched to tell). Read-ahead keeps more
+        reads of small groups in flight on object storage by it (``streams/delivery.py``)."""
+        fs, _ = self.filesystems.resolve(self.urls[file_index])
+        if not is_async(fs):
+            return None
+        cached = self._files.cached_footer(file_index)
+        if self._rg_ranges is None and cached is None:
+            return None
+        return sum(e - s for s, e in self._ranges(file_index, row_group, cached, merge=False))
 
     def _count_read(self, rows: int, seconds: float) -> None:
         with self._lock:

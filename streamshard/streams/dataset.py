@@ -20,7 +20,7 @@ import pyarrow as pa
 from ..plan.batch_plan import Read, StreamSchedule
 from ..plan.canonical import CanonicalPlan
 from ..io import collective
-from ..io.catalog import Catalog
+from ..io.catalog import Catalog, warm_arrow_while_waiting
 from ..io.catalog_share import CatalogShare
 from ..io.delta import DeltaTable
 from .delivery import DeliveryStats, deliver
@@ -188,9 +188,10 @@ class ParquetStream(PlannedStream):
         """
         super().set_epoch(epoch)
         self.converter  # noqa: B018 - builds the catalog and checks the column types once
-        # pyarrow imports pandas (when installed) on its first pa.array() in a process, ~0.2-0.5 s;
-        # paying it here once lets forked DataLoader workers inherit the import instead of each paying it.
-        pa.array(np.zeros(1, dtype=np.int64))
+        # pyarrow imports pandas (when installed) on its first pa.array() in a process, ~0.2-0.5 s: made
+        # here in the background (thread workers send their first reads meanwhile); a fork waits for it,
+        # so forked DataLoader workers inherit the import instead of each paying it (io/catalog.py).
+        warm_arrow_while_waiting()
         self._warn_about_traps()
 
     @property
@@ -333,8 +334,10 @@ class ParquetStream(PlannedStream):
             read = lambda what: self._read_part(reader, what)  # noqa: E731
             place = lambda what: self.catalog.place(what.rg)  # noqa: E731 - for conversion errors
             weigh = lambda what: self._decoded_estimate(reader, what)  # noqa: E731 - read-ahead's byte budget
+            fetched = lambda what: reader.fetch_bytes(  # noqa: E731 - more small reads in flight on object storage
+                int(self.catalog.rg_file[what.rg]), int(self.catalog.rg_index[what.rg]))
             for batch in deliver(start.schedule, start.start, read, self.converter, self.read_ahead, stats,
-                                 describe=place, weigh=weigh):
+                                 describe=place, weigh=weigh, fetched=fetched if self.read_ahead else None):
                 self._report_stats(stats)
                 yield batch if self.transform is None else self.transform(batch)
         finally:
