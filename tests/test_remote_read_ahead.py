@@ -1,11 +1,14 @@
 """A fresh loader over object storage (issue 25 item 3): small row groups keep enough reads in flight to
-cover a round trip, and the first reads do not wait for pyarrow's pandas import.
+cover a round trip, a file's small groups read at once come in one GET, and the first reads do not wait
+for pyarrow's pandas import.
 
 On object storage each read is a round trip; ``read_ahead=2`` small groups in flight left a worker waiting
-on the store between them (a fresh epoch's reads came in 4-5 rounds). Now reads ahead go on past
-``read_ahead`` while they fetch at most ``READ_AHEAD_FETCH_BYTES`` compressed bytes
-(``streams/delivery.py``): the latency proxy sees every GET of a small corpus go out before the first row
-group is consumed; on local disk, or for groups above the budget, ``read_ahead`` stays the limit.
+on the store between them (a fresh epoch's reads came in 4-5 rounds, one GET per row group). Now reads
+ahead go on past ``read_ahead`` while they fetch at most ``READ_AHEAD_FETCH_BYTES`` compressed bytes
+(``streams/delivery.py``), and the reads started together are announced to the reader, which fetches the
+small groups of one file in one ranged GET (``RowGroupReader.read_together``): the latency proxy sees one
+GET per file before the first row group is consumed, and none after. On local disk, or for groups above
+the budget, ``read_ahead`` stays the limit.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ def gets_before_the_first_group_is_consumed(url, options, proxy) -> tuple[int, i
     batches = iter(ds)
     first = next(batches)
     deadline = time.monotonic() + 10
-    while proxy.count("GET", ".parquet") < 16 and time.monotonic() < deadline:
+    while proxy.count("GET", ".parquet") < 4 and time.monotonic() < deadline:
         time.sleep(0.01)
     time.sleep(0.2)  # and no more than that arrives later
     gets = proxy.count("GET", ".parquet")
@@ -50,28 +53,45 @@ def gets_before_the_first_group_is_consumed(url, options, proxy) -> tuple[int, i
 
 
 @pytest.mark.slow
-def test_small_remote_groups_are_all_read_at_once_and_each_row_arrives_once(seaweedfs, tmp_path):
-    """16 groups of 500 rows: the old read-ahead had 3 of them (1 + ``read_ahead``) in flight before the
-    first group was consumed; now all 16, one GET each (the footers came with the catalog)."""
+def test_a_fresh_epoch_reads_each_files_small_groups_in_one_get_all_at_once(seaweedfs, tmp_path):
+    """4 files of 4 groups of 500 rows: the old read-ahead had 3 groups (1 + ``read_ahead``) in flight before
+    the first group was consumed, one GET each (16 in the epoch); now all 16, in 4 GETs (one per file;
+    the footers came with the catalog), and no other GET in the epoch. Every row arrives once."""
     write_corpus(str(tmp_path), LAYOUT)
     url = seaweedfs.upload(str(tmp_path), "remote-read-ahead", "all")
     with faulty_proxy(seaweedfs.endpoint_url) as proxy:
         gets, held, ids = gets_before_the_first_group_is_consumed(url, via(proxy, seaweedfs), proxy)
-        assert proxy.count("GET", ".parquet") == 16  # and none again after: one GET per row group
-    assert gets == 16, f"{gets} data GETs before the first row group was consumed (read-ahead stopped early)"
+        assert proxy.count("GET", ".parquet") == 4  # none after the first round
+    assert gets == 4, f"{gets} data GETs before the first row group was consumed (expected one per file)"
     assert held == 16
     assert sorted(ids) == list(range(8_000))
 
 
+def test_a_file_rewritten_after_the_catalog_is_refused_by_the_coalesced_get(seaweedfs, tmp_path):
+    """The one GET of a file's groups carries the cataloged ETag like any other: a file rewritten (same
+    size, other content) between catalog and read is a ReadError, never other rows under the old ids."""
+    write_corpus(str(tmp_path), LAYOUT)
+    url = seaweedfs.upload(str(tmp_path), "remote-read-ahead", "rewritten")
+    ds = ss.ParquetStream(url, columns=["id"], batch_size=10, rank=0, world_size=1,
+                          storage_options=seaweedfs.storage_options)
+    ds.set_epoch(0)  # cataloged
+    first = sorted(p.name for p in tmp_path.iterdir())[0]
+    other = write_corpus(str(tmp_path / "other"), [[500] * 4], tokens="random")[0]  # same layout, other bytes
+    seaweedfs.filesystem().put_file(other, f"remote-read-ahead/rewritten/{first}")
+    with pytest.raises(ss.ReadError, match="changed"):
+        list(ds)
+
+
 @pytest.mark.slow
 def test_remote_read_ahead_past_read_ahead_is_bounded_by_fetched_bytes(seaweedfs, tmp_path, monkeypatch):
-    """With no room in the fetch budget, ``read_ahead`` is the limit again (groups larger than the budget)."""
+    """With no room in the fetch budget, ``read_ahead`` is the limit again (groups larger than the budget):
+    3 groups held, still fetched in one GET (they start together)."""
     write_corpus(str(tmp_path), LAYOUT)
     url = seaweedfs.upload(str(tmp_path), "remote-read-ahead", "bounded")
     monkeypatch.setattr(delivery, "READ_AHEAD_FETCH_BYTES", 0)
     with faulty_proxy(seaweedfs.endpoint_url) as proxy:
         gets, held, ids = gets_before_the_first_group_is_consumed(url, via(proxy, seaweedfs), proxy)
-    assert (gets, held) == (3, 3)
+    assert (gets, held) == (1, 3)
     assert sorted(ids) == list(range(8_000))
 
 

@@ -337,7 +337,9 @@ class ParquetStream(PlannedStream):
             fetched = lambda what: reader.fetch_bytes(  # noqa: E731 - more small reads in flight on object storage
                 int(self.catalog.rg_file[what.rg]), int(self.catalog.rg_index[what.rg]))
             for batch in deliver(start.schedule, start.start, read, self.converter, self.read_ahead, stats,
-                                 describe=place, weigh=weigh, fetched=fetched if self.read_ahead else None):
+                                 describe=place, weigh=weigh, fetched=fetched if self.read_ahead else None,
+                                 together=lambda whats: reader.read_together(
+                                     [(int(self.catalog.rg_file[w.rg]), int(self.catalog.rg_index[w.rg])) for w in whats])):
                 self._report_stats(stats)
                 yield batch if self.transform is None else self.transform(batch)
         finally:

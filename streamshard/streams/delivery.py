@@ -102,7 +102,7 @@ def deliver(
     stats: DeliveryStats | None = None, assemble: Callable[[BatchSpec, dict[int, Any]], Batch] | None = None,
     *, describe: Callable[[Read], str] | None = None, weigh: Callable[[Read], int] | None = None,
     read_ahead_bytes: int | None = None, fetched: Callable[[Read], int | None] | None = None,
-    read_ahead_fetch_bytes: int | None = None,
+    read_ahead_fetch_bytes: int | None = None, together: Callable[[list[Read]], None] | None = None,
 ) -> Iterator[Batch]:
     """Batches ``start..steps-1`` of ``schedule``, read through ``read``; timings into ``stats``.
 
@@ -115,7 +115,9 @@ def deliver(
     ``fetched(read)``: the compressed bytes the read fetches from object storage (None: not a remote read,
     or unknown); reads ahead then go on past ``read_ahead`` while those of the reads ahead stay within
     ``read_ahead_fetch_bytes`` (default ``READ_AHEAD_FETCH_BYTES``): small groups on a slow store keep
-    enough reads in flight to cover a round trip. Only for schedules that name their upcoming reads."""
+    enough reads in flight to cover a round trip. Only for schedules that name their upcoming reads.
+    ``together(reads)``: told of the reads started in one round before they start (the reader then
+    fetches a file's small groups among them in one GET: ``RowGroupReader.read_together``)."""
     gatherer = Gatherer(convert) if assemble is None and gatherable(convert) else None
     if gatherer is not None:  # each read converted once, on the thread that read it
         read = _converting(read, convert, describe, stats)
@@ -137,6 +139,7 @@ def deliver(
     deferred: list[tuple[int, Read]] = []  # an upcoming read taken but over the budget: the next one to read
     fetch_budget = READ_AHEAD_FETCH_BYTES if read_ahead_fetch_bytes is None else read_ahead_fetch_bytes
     fetch_sizes: dict[int, int | None] = {}  # compressed bytes of each pending read from object storage
+    fresh: list[tuple[int, Read]] = []  # reads submitted this round, not started yet
 
     def weight(key: int, what: Read) -> int:
         if weigh is None:
@@ -187,7 +190,23 @@ def deliver(
         submitted.add(key)
         if fetched is not None:
             fetch_size(key, what)
-        pending[key] = pool.submit(guarded, what) if pool is not None else _Ready(read(what))
+        if pool is None:
+            pending[key] = _Ready(read(what))
+        else:  # started by ``start_submitted``, with the others of this round
+            pending[key] = None  # type: ignore[assignment]
+            fresh.append((key, what))
+
+    def start_submitted() -> None:
+        """Start the reads submitted this round, announced together first (``together``: a file's small
+        groups on object storage are then fetched in one GET)."""
+        if together is not None and len(fresh) > 1:
+            try:
+                together([what for _, what in fresh])
+            except Exception:  # noqa: BLE001 - only an optimisation: each read reports what is wrong itself
+                pass
+        for key, what in fresh:
+            pending[key] = pool.submit(guarded, what)
+        fresh.clear()
 
     def results(keys: Iterable[int]) -> dict[int, Any]:
         out = {}
@@ -245,6 +264,7 @@ def deliver(
                             submit(key, what)
                             ahead += 1
                     j += 1
+                start_submitted()
             if stats is not None:
                 stats.most_reads_held = max(stats.most_reads_held, len(pending))
                 stats.most_held_bytes = max(stats.most_held_bytes, sum(weights.get(k, 0) for k in pending))
