@@ -321,14 +321,18 @@ class RowGroupReader:
             self._estimates[key] = known
         return known
 
-    def read_together(self, groups: Sequence[tuple[int, int]]) -> None:
+    def read_together(self, groups: Sequence[tuple[int, int]]) -> list[int]:
         """Announce reads of ``(file, row group)`` about to run at once: small groups of one file on object
         storage are then fetched in one ranged GET (their projected chunks, with gaps up to ``max_gap``,
         at most ``TOGETHER_BYTES``), by the first of their reads to start; the others decode from those
         bytes. The GET carries the cataloged version like any other (``io/fetch.py``). Groups that are
-        large, local, not cataloged with their ranges, or alone in their file are read as before."""
+        large, local, not cataloged with their ranges, or alone in their file are read as before.
+
+        Returns the order to start the reads in (positions in ``groups``): the first of each file's first,
+        so that each GET goes out on its own thread at once, the rest (which wait for those GETs) after."""
+        order = list(range(len(groups)))
         if self._rg_ranges is None:
-            return
+            return order
         by_file: dict[int, list[int]] = {}
         for file_index, row_group in groups:
             by_file.setdefault(int(file_index), []).append(int(row_group))
@@ -348,6 +352,10 @@ class RowGroupReader:
                 run.append(row_group)
                 size += compressed
             self._announce(file_index, run)
+        seen: set[int] = set()
+        leaders = [i for i, (file_index, _) in enumerate(groups) if not (file_index in seen or seen.add(file_index))]
+        first = set(leaders)
+        return leaders + [i for i in order if i not in first]
 
     def _announce(self, file_index: int, row_groups: list[int]) -> None:
         if len(row_groups) < 2:

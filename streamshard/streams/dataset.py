@@ -87,7 +87,10 @@ class ParquetStream(PlannedStream):
             whatever ``read_ahead`` is. Nothing is read ahead while the groups held and read ahead
             would decode to more than 256 MiB (estimated from footers, or 4x compressed bytes before a
             footer is at hand; ``streams/delivery.py``
-            ``READ_AHEAD_BYTES``), so several huge row groups are not held at once.
+            ``READ_AHEAD_BYTES``), so several huge row groups are not held at once. On object storage,
+            more small groups are read ahead than ``read_ahead``, up to 8 MiB of compressed bytes ahead
+            (``READ_AHEAD_FETCH_BYTES``: enough to cover a round trip), and a file's small groups
+            started together come in one GET.
         shuffle_window: with shuffle, interleave the rows of this many consecutive pieces (row
             groups) of a worker at random: no extra I/O, and a worker holds that many decoded row
             groups at once (plus ``read_ahead``); a window takes more pieces when one would dominate

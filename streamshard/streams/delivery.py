@@ -102,7 +102,7 @@ def deliver(
     stats: DeliveryStats | None = None, assemble: Callable[[BatchSpec, dict[int, Any]], Batch] | None = None,
     *, describe: Callable[[Read], str] | None = None, weigh: Callable[[Read], int] | None = None,
     read_ahead_bytes: int | None = None, fetched: Callable[[Read], int | None] | None = None,
-    read_ahead_fetch_bytes: int | None = None, together: Callable[[list[Read]], None] | None = None,
+    read_ahead_fetch_bytes: int | None = None, together: Callable[[list[Read]], list[int]] | None = None,
 ) -> Iterator[Batch]:
     """Batches ``start..steps-1`` of ``schedule``, read through ``read``; timings into ``stats``.
 
@@ -117,7 +117,8 @@ def deliver(
     ``read_ahead_fetch_bytes`` (default ``READ_AHEAD_FETCH_BYTES``): small groups on a slow store keep
     enough reads in flight to cover a round trip. Only for schedules that name their upcoming reads.
     ``together(reads)``: told of the reads started in one round before they start (the reader then
-    fetches a file's small groups among them in one GET: ``RowGroupReader.read_together``)."""
+    fetches a file's small groups among them in one GET: ``RowGroupReader.read_together``); returns the
+    order to start them in (positions in ``reads``)."""
     gatherer = Gatherer(convert) if assemble is None and gatherable(convert) else None
     if gatherer is not None:  # each read converted once, on the thread that read it
         read = _converting(read, convert, describe, stats)
@@ -201,7 +202,8 @@ def deliver(
         groups on object storage are then fetched in one GET)."""
         if together is not None and len(fresh) > 1:
             try:
-                together([what for _, what in fresh])
+                order = together([what for _, what in fresh])
+                fresh[:] = [fresh[i] for i in order] if sorted(order) == list(range(len(fresh))) else fresh
             except Exception:  # noqa: BLE001 - only an optimisation: each read reports what is wrong itself
                 pass
         for key, what in fresh:
