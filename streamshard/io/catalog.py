@@ -21,6 +21,7 @@ import asyncio
 import errno
 import itertools
 import logging
+import os
 import threading
 import time
 import warnings
@@ -299,17 +300,22 @@ def _waits_on_an_event_loop(paths: Any, filesystems: FileSystems) -> bool:
 
 
 _ARROW_WARMED = threading.Event()  # set once this process started pyarrow's first pa.array() (below)
+_ARROW_WARM_UP: list[threading.Thread] = []  # the thread making it, while this process has one
+_FORK_WAITS_FOR_WARM_UP_S = 10.0  # the most a fork waits for the warm-up (an import held by the forking thread)
 
 
 def warm_arrow_while_waiting() -> None:
     """Make pyarrow's first ``pa.array()`` of this process in a background thread, once.
 
     pyarrow imports pandas (when installed) on its first ``pa.array()``: ~0.15-0.2 s of CPU that a
-    restarted process pays before its first batch (``ParquetStream.set_epoch`` pays it on purpose right
-    after the catalog, so that forked workers inherit it). A catalog over object storage spends its first
-    round trips waiting on an event loop (listing, footers), so the import runs beside those waits
-    instead of after them (measured: ``benchmarks/fresh_remote.py``). Not for synchronous filesystems:
-    their footer reads run in this thread, which the import would slow (and mislead the footer probe)."""
+    restarted process pays before its first batch. A catalog over object storage spends its first round
+    trips waiting on an event loop (listing, footers), so the import runs beside those waits instead of
+    after them; ``ParquetStream.set_epoch`` starts it too (where the catalog did not), and no longer waits
+    for it: thread workers send their first reads while it runs (measured: ``benchmarks/fresh_remote.py``).
+    A fork waits for it to end (``os.register_at_fork``), so forked DataLoader workers inherit the import,
+    never an import lock held by a thread the child does not have. Not started by a catalog over a
+    synchronous filesystem: its footer reads run in this thread, which the import would slow (and
+    mislead the footer probe)."""
     if _ARROW_WARMED.is_set():
         return
     _ARROW_WARMED.set()
@@ -322,7 +328,25 @@ def warm_arrow_while_waiting() -> None:
 
     # Not a daemon: an interpreter that finalizes while the thread still imports pandas's extensions
     # aborts (SIGABRT), so a short program that exits right after its catalog waits for the import instead.
-    threading.Thread(target=first_array, name="streamshard-arrow-warm-up", daemon=False).start()
+    thread = threading.Thread(target=first_array, name="streamshard-arrow-warm-up", daemon=False)
+    _ARROW_WARM_UP[:] = [thread]
+    thread.start()
+
+
+def _finish_warm_up_before_fork() -> None:
+    """Before a fork: wait for the warm-up's import to end (a child would inherit it half done, its module
+    locks held by a thread it does not have)."""
+    for thread in list(_ARROW_WARM_UP):
+        if thread.is_alive() and thread is not threading.current_thread():
+            thread.join(_FORK_WAITS_FOR_WARM_UP_S)
+
+
+def _forget_warm_up_in_child() -> None:
+    _ARROW_WARM_UP.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_finish_warm_up_before_fork, after_in_child=_forget_warm_up_in_child)
 
 
 def _as_list(paths: Any) -> list[Any]:

@@ -38,7 +38,7 @@ from .fetch import FileFetcher, ReadStats
 from .footer import chunk_ranges
 from .reader_parts import DecodeCounts, _SparseFile, check_decoded, decode_rows, join_pieces, keep_rows
 from .retry import RetriesExhausted, RetryPolicy, describe
-from .storage import FileSystems
+from .storage import FileSystems, is_async
 
 log = logging.getLogger("streamshard")
 
@@ -76,6 +76,31 @@ _SURELY_SMALL_RATIO = 32
 # Decoded bytes per compressed byte, to weigh a group for read-ahead before its footer is at hand (a guess on
 # the generous side: snappy/zstd token and numeric columns decode to 2-4x).
 _DECODED_PER_COMPRESSED = 4
+# Row groups of one file announced together (``RowGroupReader.read_together``) are fetched in one GET of at
+# most this many compressed bytes (one round trip and one request for several small groups).
+TOGETHER_BYTES = 8 * 1024 * 1024
+
+
+class _Together:
+    """One GET of several row groups' ranges of a file: made by the first of their reads, shared by the rest
+    (each holds the bytes until its read is decoded)."""
+
+    def __init__(self, ranges: list[Range]) -> None:
+        self.ranges = ranges
+        self._lock = threading.Lock()
+        self._got: Any = None
+        self._error: BaseException | None = None
+
+    def fetch(self, get: Callable[[], Any]) -> Any:
+        with self._lock:  # the others wait for the first one's GET
+            if self._got is None and self._error is None:
+                try:
+                    self._got = get()
+                except BaseException as exc:
+                    self._error = exc
+            if self._error is not None:
+                raise self._error
+            return self._got
 
 
 Piece = tuple[pa.Table, "np.ndarray | None"]
@@ -221,6 +246,7 @@ class RowGroupReader:
         self._touched: set[int] = set()
         self._lock = threading.Lock()
         self._estimates: dict[tuple[int, int], int] = {}  # decoded_estimate's, per (file, row group)
+        self._together: dict[tuple[int, int], _Together] = {}  # groups announced to be fetched in one GET
 
     @classmethod
     def from_catalog(cls, catalog: Any, storage_options: dict[str, Any] | None = None,
@@ -295,6 +321,66 @@ class RowGroupReader:
             self._estimates[key] = known
         return known
 
+    def read_together(self, groups: Sequence[tuple[int, int]]) -> list[int]:
+        """Announce reads of ``(file, row group)`` about to run at once: small groups of one file on object
+        storage are then fetched in one ranged GET (their projected chunks, with gaps up to ``max_gap``,
+        at most ``TOGETHER_BYTES``), by the first of their reads to start; the others decode from those
+        bytes. The GET carries the cataloged version like any other (``io/fetch.py``). Groups that are
+        large, local, not cataloged with their ranges, or alone in their file are read as before.
+
+        Returns the order to start the reads in (positions in ``groups``): the first of each file's first,
+        so that each GET goes out on its own thread at once, the rest (which wait for those GETs) after."""
+        order = list(range(len(groups)))
+        if self._rg_ranges is None:
+            return order
+        by_file: dict[int, list[int]] = {}
+        for file_index, row_group in groups:
+            by_file.setdefault(int(file_index), []).append(int(row_group))
+        for file_index, row_groups in by_file.items():
+            if len(row_groups) < 2 or not is_async(self.filesystems.resolve(self.urls[file_index])[0]):
+                continue
+            run: list[int] = []
+            size = 0
+            for row_group in sorted(set(row_groups)):
+                spans = self._ranges(file_index, row_group, None, merge=False)
+                compressed = sum(e - s for s, e in spans)
+                if compressed * _SURELY_SMALL_RATIO > STREAM_ABOVE_BYTES:  # may be streamed: its own reads
+                    continue
+                if run and size + compressed > TOGETHER_BYTES:
+                    self._announce(file_index, run)
+                    run, size = [], 0
+                run.append(row_group)
+                size += compressed
+            self._announce(file_index, run)
+        seen: set[int] = set()
+        leaders = [i for i, (file_index, _) in enumerate(groups) if not (file_index in seen or seen.add(file_index))]
+        first = set(leaders)
+        return leaders + [i for i in order if i not in first]
+
+    def _announce(self, file_index: int, row_groups: list[int]) -> None:
+        if len(row_groups) < 2:
+            return
+        spans = sorted(span for g in row_groups for span in self._ranges(file_index, g, None, merge=False))
+        _, starts, ends = merge_offset_ranges([""] * len(spans), [s for s, _ in spans], [e for _, e in spans],
+                                              max_gap=self.max_gap)
+        together = _Together(list(zip(starts, ends)))
+        with self._lock:
+            for row_group in row_groups:
+                self._together.setdefault((file_index, row_group), together)
+
+    def fetch_bytes(self, file_index: int, row_group: int) -> int | None:
+        """Compressed bytes a read of the group fetches when its file is on object storage (an async
+        filesystem: each read a round trip), from the catalog's ranges or a footer at hand; None on a
+        local filesystem, or when neither is at hand (nothing is fetched to tell). Read-ahead keeps more
+        reads of small groups in flight on object storage by it (``streams/delivery.py``)."""
+        fs, _ = self.filesystems.resolve(self.urls[file_index])
+        if not is_async(fs):
+            return None
+        cached = self._files.cached_footer(file_index)
+        if self._rg_ranges is None and cached is None:
+            return None
+        return sum(e - s for s, e in self._ranges(file_index, row_group, cached, merge=False))
+
     def _count_read(self, rows: int, seconds: float) -> None:
         with self._lock:
             self.stats.row_groups_read += 1
@@ -304,8 +390,13 @@ class RowGroupReader:
     def _read_whole(self, file_index: int, row_group: int, rows: np.ndarray | None) -> pa.Table:
         """Fetch the group's projected chunks in one round, decode them at once, keep ``rows``."""
         self._touch(file_index)
-        metadata, parts = self._files.footer_and_ranges(file_index,
-                                                        lambda footer: self._ranges(file_index, row_group, footer))
+        with self._lock:
+            together = self._together.pop((file_index, row_group), None)
+        if together is not None:  # announced with other groups of its file: one GET for them all
+            metadata, parts = together.fetch(lambda: self._files.footer_and_ranges(file_index, lambda _: together.ranges))
+        else:
+            metadata, parts = self._files.footer_and_ranges(file_index,
+                                                            lambda footer: self._ranges(file_index, row_group, footer))
         source = _SparseFile(self.sizes[file_index], sorted(parts), lambda s, e: self._miss(file_index, s, e))
         parquet = pq.ParquetFile(pa.PythonFile(source, mode="r"), metadata=metadata, pre_buffer=False,
                                  coerce_int96_timestamp_unit=int96.read_unit(metadata, self.schema),
@@ -402,6 +493,8 @@ class RowGroupReader:
 
     def close(self) -> None:
         """Close open handles, forget cached footers and version checks (the reader can still be used after)."""
+        with self._lock:
+            self._together.clear()
         self._files.close()
 
     def _ranges(self, file_index: int, row_group: int, metadata: pq.FileMetaData | None,

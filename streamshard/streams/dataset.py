@@ -20,7 +20,7 @@ import pyarrow as pa
 from ..plan.batch_plan import Read, StreamSchedule
 from ..plan.canonical import CanonicalPlan
 from ..io import collective
-from ..io.catalog import Catalog
+from ..io.catalog import Catalog, warm_arrow_while_waiting
 from ..io.catalog_share import CatalogShare
 from ..io.delta import DeltaTable
 from .delivery import DeliveryStats, deliver
@@ -87,7 +87,10 @@ class ParquetStream(PlannedStream):
             whatever ``read_ahead`` is. Nothing is read ahead while the groups held and read ahead
             would decode to more than 256 MiB (estimated from footers, or 4x compressed bytes before a
             footer is at hand; ``streams/delivery.py``
-            ``READ_AHEAD_BYTES``), so several huge row groups are not held at once.
+            ``READ_AHEAD_BYTES``), so several huge row groups are not held at once. On object storage,
+            more small groups are read ahead than ``read_ahead``, up to 8 MiB of compressed bytes ahead
+            (``READ_AHEAD_FETCH_BYTES``: enough to cover a round trip), and a file's small groups
+            started together come in one GET.
         shuffle_window: with shuffle, interleave the rows of this many consecutive pieces (row
             groups) of a worker at random: no extra I/O, and a worker holds that many decoded row
             groups at once (plus ``read_ahead``); a window takes more pieces when one would dominate
@@ -188,9 +191,10 @@ class ParquetStream(PlannedStream):
         """
         super().set_epoch(epoch)
         self.converter  # noqa: B018 - builds the catalog and checks the column types once
-        # pyarrow imports pandas (when installed) on its first pa.array() in a process, ~0.2-0.5 s;
-        # paying it here once lets forked DataLoader workers inherit the import instead of each paying it.
-        pa.array(np.zeros(1, dtype=np.int64))
+        # pyarrow imports pandas (when installed) on its first pa.array() in a process, ~0.2-0.5 s: made
+        # here in the background (thread workers send their first reads meanwhile); a fork waits for it,
+        # so forked DataLoader workers inherit the import instead of each paying it (io/catalog.py).
+        warm_arrow_while_waiting()
         self._warn_about_traps()
 
     @property
@@ -333,8 +337,12 @@ class ParquetStream(PlannedStream):
             read = lambda what: self._read_part(reader, what)  # noqa: E731
             place = lambda what: self.catalog.place(what.rg)  # noqa: E731 - for conversion errors
             weigh = lambda what: self._decoded_estimate(reader, what)  # noqa: E731 - read-ahead's byte budget
+            fetched = lambda what: reader.fetch_bytes(  # noqa: E731 - more small reads in flight on object storage
+                int(self.catalog.rg_file[what.rg]), int(self.catalog.rg_index[what.rg]))
             for batch in deliver(start.schedule, start.start, read, self.converter, self.read_ahead, stats,
-                                 describe=place, weigh=weigh):
+                                 describe=place, weigh=weigh, fetched=fetched if self.read_ahead else None,
+                                 together=lambda whats: reader.read_together(
+                                     [(int(self.catalog.rg_file[w.rg]), int(self.catalog.rg_index[w.rg])) for w in whats])):
                 self._report_stats(stats)
                 yield batch if self.transform is None else self.transform(batch)
         finally:
