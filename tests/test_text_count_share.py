@@ -50,8 +50,9 @@ def make_pack(tmp_path, kind: str, tok: LoggedTokenizer) -> ss.PackedStream:
     if kind == "one corpus":
         src: ss.ParquetStream | ss.BlendedStream = source("a", 3)
     else:
-        src = ss.BlendedStream({"a": source("a", 3), "b": source("b", 4)}, {"a": 0.5, "b": 0.5}, batch_size=999,
-                               seed=5, rank=0, world_size=1)
+        names = ("web/en", "../b")  # corpus names are not file names
+        src = ss.BlendedStream({names[0]: source("a", 3), names[1]: source("b", 4)}, {n: 0.5 for n in names},
+                               batch_size=999, seed=5, rank=0, world_size=1)
     return ss.PackedStream(src, column="text", seq_len=SEQ, batch_size=BATCH, tokenizer=tok, bos_id=1, eos_id=2)
 
 

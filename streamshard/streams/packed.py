@@ -436,7 +436,7 @@ class PackedStream(WeightSteering, PlannedStream):
                 counts = self._stage_counts()
                 self._tokens = [counts.of(np.arange(len(counts.tokens), dtype=np.int64))]
             else:
-                self._tokens = [self._count_text(name, ds) for name, ds in zip(self.blend.names, self.corpora)]
+                self._tokens = [self._count_text(f"corpus-{i}", ds) for i, ds in enumerate(self.corpora)]
         return self._tokens
 
     def _column_dtypes(self) -> dict[str, np.dtype]:
@@ -581,8 +581,9 @@ class PackedStream(WeightSteering, PlannedStream):
             self._counts = StageCounts(self.source.catalog.rg_file, self._count_stage, known)
 
     def _count_text(self, name: str, ds: ParquetStream) -> np.ndarray:
-        """Tokens per row group of a blend's text corpus ``name``: split over the ranks where they form a
-        process group, else counted once for this pack's worker processes."""
+        """Tokens per row group of one of a blend's text corpora: split over the ranks where they form a
+        process group, else counted once for this pack's worker processes (``name``: its counts' file
+        name in the share, not the corpus's name, which may hold any character)."""
         assert self.text is not None
         text = self.text
 
