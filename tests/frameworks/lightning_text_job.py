@@ -119,12 +119,23 @@ class Model(L.LightningModule):
 
 
 class Preempt(L.Callback):
-    def __init__(self, at: int) -> None:
-        self.at = at
+    """Kill every rank at the start of global step ``at`` (its checkpoint is written), all ranks together:
+    each waits at a file barrier (no collective) until every rank is there. A rank killed while the other
+    still finished the last step's gradient all-reduce failed that one with a lost connection (1 run of
+    many in CI) instead of the preemption this job simulates."""
+
+    def __init__(self, at: int, directory: Path) -> None:
+        self.at, self.directory = at, directory / f"preempt-at-{at}"
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         if trainer.global_step == self.at:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            (self.directory / f"rank{trainer.global_rank}").touch()
+            deadline = time.monotonic() + 60
+            while (len(list(self.directory.glob("rank*"))) < trainer.world_size
+                   and time.monotonic() < deadline):
+                time.sleep(0.01)
             os._exit(PREEMPTED)
 
 
@@ -148,7 +159,7 @@ def main() -> None:
                         save_top_k=-1),
     ]
     if args.preempt_at is not None:
-        callbacks.append(Preempt(args.preempt_at))
+        callbacks.append(Preempt(args.preempt_at, Path(args.record)))
     model = Model(args.data, args.gate, args.loader, args.sized, args.record)
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=args.epochs, callbacks=callbacks,
                         logger=False, enable_progress_bar=False, enable_model_summary=False,
