@@ -27,7 +27,7 @@ import logging
 import os
 import tempfile
 import warnings
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -191,15 +191,21 @@ def check_entry(entry: Any, file: FileEntry, columns: Sequence[str] | None, url:
 
 
 def write_json_atomically(path: str, payload: Any, prefix: str) -> None:
-    """Replace ``path`` with ``payload`` as JSON: readers see the old file or the new one, never half
-    (a temporary file beside it, renamed over it; removed if anything fails)."""
+    """Replace ``path`` with ``payload`` as JSON, atomically (``write_atomically``)."""
+    write_atomically(path, lambda f: json.dump(payload, f, separators=(",", ":")), prefix)
+
+
+def write_atomically(path: str, write: Callable[[Any], Any], prefix: str, mode: str = "w") -> None:
+    """Replace ``path`` with what ``write(f)`` writes: readers see the old file or the new one, never half
+    (a temporary file beside it, renamed over it; removed if anything fails). ``mode``: ``"w"`` (UTF-8
+    text) or ``"wb"``."""
     directory = os.path.dirname(path)
     tmp = None
     try:
         os.makedirs(directory, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(payload, f, separators=(",", ":"))
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            write(f)
         os.replace(tmp, path)
     except BaseException:
         if tmp is not None and os.path.exists(tmp):

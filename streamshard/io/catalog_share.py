@@ -34,7 +34,8 @@ import numpy as np
 import pyarrow as pa
 
 from .catalog import Catalog
-from .process_share import ProcessShare, write_atomically
+from .catalog_cache import write_json_atomically
+from .process_share import ProcessShare
 from ..errors import CatalogError
 
 FORMAT = "streamshard.catalog_snapshot/1"
@@ -62,7 +63,7 @@ class CatalogShare(ProcessShare):
 
 def save(catalog: Catalog, path: str) -> None:
     """Write ``catalog`` to ``path`` atomically (a reader sees the whole file or none)."""
-    write_atomically(path, lambda f: json.dump(catalog_to_json(catalog), f, separators=(",", ":")), "w")
+    write_json_atomically(path, catalog_to_json(catalog), ".snapshot-")
 
 
 def load(path: str) -> Catalog:

@@ -16,7 +16,8 @@ from typing import Callable
 
 import numpy as np
 
-from .process_share import ProcessShare, write_atomically
+from .catalog_cache import write_atomically
+from .process_share import ProcessShare
 from .token_count_cache import UNKNOWN
 from ..errors import CatalogError
 
@@ -41,7 +42,7 @@ class CountShare(ProcessShare):
                 if got.shape != missing.shape or (got < 0).any():
                     raise ValueError(f"counting gave {got!r} for {len(missing)} row groups")
                 table[missing] = got
-                write_atomically(path, lambda f: np.save(f, table, allow_pickle=False))
+                write_atomically(path, lambda f: np.save(f, table, allow_pickle=False), ".counts-", "wb")
             return table[rgs].copy()
 
 

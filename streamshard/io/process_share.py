@@ -139,15 +139,3 @@ class ProcessShare:
                                "share cannot be shared through it; remove it")
         return directory
 
-
-def write_atomically(path: str, write: Any, mode: str = "wb") -> None:
-    """Write a file that readers see whole or not at all: ``write(f)`` into a temporary file beside
-    ``path``, then renamed over it."""
-    fd, tmp = tempfile.mkstemp(prefix=".write-", suffix=".tmp", dir=os.path.dirname(path))
-    try:
-        with os.fdopen(fd, mode) as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
