@@ -71,15 +71,7 @@ def count_text_tokens(catalog: Any, storage_options: dict[str, Any], column: str
             raise
         error = exc
     if place is not None:
-        shares = collective.all_gather({"rgs": [int(r) for r in mine], "counts": [int(c) for c in counts[mine]],
-                                        "error": None if error is None else f"{type(error).__name__}: {error}"}, group)
-        if error is not None:
-            raise error
-        failed = [(r, s["error"]) for r, s in enumerate(shares) if s["error"]]
-        if failed:
-            raise ReadError(f"counting tokens failed on rank {failed[0][0]}: {failed[0][1]}")
-        for share in shares:
-            counts[np.array(share["rgs"], dtype=np.int64)] = share["counts"]
+        _take_counts(collective.all_gather(_counted(mine, counts, error), group), counts, error)
     log.info("counted %d tokens in %d row groups in %.1f s", int(counts[missing].sum()), len(missing),
              time.perf_counter() - started)
     if cache is not None and (place is None or place[0] == 0):
@@ -141,19 +133,29 @@ def _count_over_ranks(units: np.ndarray, counts: np.ndarray, count: Callable[[np
         except Exception as exc:  # noqa: BLE001 - re-raised below, after the other ranks learn of it
             error = exc
         sent = np.concatenate([send, mine]) if i == 0 else mine
-        shares, left = _gather({"rgs": [int(r) for r in sent], "counts": [int(c) for c in counts[sent]],
-                                "error": None if error is None else f"{type(error).__name__}: {error}"}, gather,
-                               leaving)
-        if error is not None:
-            raise error
-        failed = [(r, s["error"]) for r, s in enumerate(shares) if s["error"]]
-        if failed:
-            raise ReadError(f"counting tokens failed on rank {failed[0][0]}: {failed[0][1]}")
-        for share in shares:
-            counts[np.array(share["rgs"], dtype=np.int64)] = share["counts"]
+        shares, left = _gather(_counted(sent, counts, error), gather, leaving)
+        _take_counts(shares, counts, error)
         if left is not None:
             raise left
     return counts[units]
+
+
+def _counted(rgs: np.ndarray, counts: np.ndarray, error: BaseException | None) -> dict[str, Any]:
+    """What a rank sends after counting ``rgs``: their counts, or why it failed (JSON-safe)."""
+    return {"rgs": [int(r) for r in rgs], "counts": [int(c) for c in counts[rgs]],
+            "error": None if error is None else f"{type(error).__name__}: {error}"}
+
+
+def _take_counts(shares: list[dict[str, Any]], counts: np.ndarray, error: BaseException | None) -> None:
+    """Every rank's counts into ``counts``, once every rank has sent them; this rank's own ``error`` first,
+    else the first rank's failure as a ``ReadError`` naming that rank (every rank raises, none waits)."""
+    if error is not None:
+        raise error
+    failed = [(r, s["error"]) for r, s in enumerate(shares) if s["error"]]
+    if failed:
+        raise ReadError(f"counting tokens failed on rank {failed[0][0]}: {failed[0][1]}")
+    for share in shares:
+        counts[np.array(share["rgs"], dtype=np.int64)] = share["counts"]
 
 
 def _rounds(units: np.ndarray, weights: np.ndarray, round_weight: float, world: int) -> list[np.ndarray]:
