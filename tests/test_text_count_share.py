@@ -11,10 +11,12 @@ import threading
 import time
 from collections import Counter
 
+import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
 import streamshard as ss
+from streamshard.io.count_share import CountShare
 from streamshard.io.process_share import ProcessShare
 from resume_harness import same_batches
 from test_packed_text import BATCH, SEQ, WORDS, write_texts
@@ -120,3 +122,18 @@ def test_a_process_forked_while_a_thread_holds_a_share_lock_does_not_keep_it():
     finally:
         child.kill()
         child.join()
+
+
+@pytest.mark.parametrize("damage", ["not npy", "other shape", "float"])
+def test_damaged_shared_counts_are_refused_by_name_never_used(damage):
+    owner = Owner()
+    share = CountShare.owned_by(owner)
+    share.counts("source", np.arange(2), 4, lambda missing: missing + 10)  # publishes counts of 4 row groups
+    path = os.path.join(share.directory, "source.npy")
+    if damage == "not npy":
+        with open(path, "wb") as f:
+            f.write(b"\x93NUMPY torn")
+    else:
+        np.save(path, np.zeros(5, np.int64) if damage == "other shape" else np.zeros(4), allow_pickle=False)
+    with pytest.raises(ss.CatalogError, match="source.npy"):
+        share.counts("source", np.arange(4), 4, lambda missing: pytest.fail("counted over damaged counts"))
