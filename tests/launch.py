@@ -45,6 +45,24 @@ def launch(nproc: int | None, script: Path, *args: str, timeout: float = 240,
         return None, f"killed after {timeout} s:\n{out[-6000:]}"
 
 
+def stacks_then_kill(proc: subprocess.Popen) -> str:
+    """End a hung job started with ``start_new_session=True`` (its ranks and their DataLoader workers in
+    its process group): ``SIGUSR1`` first, so every process whose script registered ``faulthandler`` on
+    it (``faulthandler.register(signal.SIGUSR1, all_threads=True)``; forked workers inherit it) prints every thread's stack into the output, then ``SIGKILL``. Returns
+    the whole output."""
+    os.killpg(proc.pid, signal.SIGUSR1)
+    try:
+        out, _ = proc.communicate(timeout=5)  # a process without the handler ends on SIGUSR1 itself
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the rest of the group (orphaned workers)
+    except ProcessLookupError:
+        pass
+    return out
+
+
 def check(done: tuple[int | None, str]) -> None:
     assert done[0] == 0, done[1]
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ import numpy as np
 import pytest
 
 import streamshard as ss
+from launch import stacks_then_kill
 from streamshard.testing import write_corpus
 
 pytestmark = pytest.mark.slow  # subprocesses: run by make test, skippable with -m "not slow"
@@ -87,9 +87,7 @@ def run_job(corpus: str, out: Path, devices: int, *args: str, expect: int = 0) -
     try:
         output, _ = proc.communicate(timeout=90)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"the Lightning job hung (DDP ranks disagreeing?):\n{output[-4000:]}")
+        pytest.fail(f"the Lightning job hung (DDP ranks disagreeing?):\n{stacks_then_kill(proc)[-30000:]}")
     ranks: dict[int, list[dict]] = {}
     others: list[dict] = []
     for path in sorted((out / "record").glob("*.jsonl")) if (out / "record").exists() else []:

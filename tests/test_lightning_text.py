@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections import Counter
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from launch import stacks_then_kill
 from test_packed_text import write_texts
 
 pytestmark = pytest.mark.slow  # Lightning's DDP processes
@@ -65,9 +65,7 @@ def run_job(path: str, out: Path, *args: str, expect: int = 0) -> dict:
     try:
         output, _ = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"the Lightning job hung:\n{output[-4000:]}")
+        pytest.fail(f"the Lightning job hung:\n{stacks_then_kill(proc)[-30000:]}")
     assert proc.returncode == expect, output[-4000:]
     record = out / "record"
     steps = {r: [json.loads(line) for line in (record / f"rank{r}.jsonl").read_text().splitlines()] for r in (0, 1)}

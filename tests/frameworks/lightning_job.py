@@ -22,8 +22,10 @@ read-ahead batches in flight and no teardown, so nothing outside the checkpoint 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
+import signal
 import traceback
 import warnings
 from pathlib import Path
@@ -174,6 +176,7 @@ class Preempt(L.Callback):
 
 
 def main() -> None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the tests' stacks_then_kill: where a hung job waits
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True, help="the corpus (a directory of Parquet files)")
     parser.add_argument("--devices", type=int, default=2)

@@ -20,8 +20,10 @@ Each rank records one JSON line per training step: global step, epoch, the real 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -140,6 +142,7 @@ class Preempt(L.Callback):
 
 
 def main() -> None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the tests' stacks_then_kill: where a hung job waits
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True)
     parser.add_argument("--gate", default="", help="the gate file (none: counting is never held)")
