@@ -1,0 +1,137 @@
+"""Fork safety: a DataLoader worker forked while another thread of its parent holds a lock the worker needs.
+
+A raw-text pack's counting thread reads and tokenizes beside training (making a quiet progress bar
+and a reader for each round it counts) while the loader forks its worker processes. A worker that
+then counted a stage itself waited forever for tqdm's lock, held at the fork by the parent's thread
+(which the child does not have): CI at 4399040 failed a Lightning job's resumed run on a hang. Each
+test forks while a thread holds such a lock and fails if the child does not finish.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import os
+import select
+import signal
+import struct
+import termios
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pytest
+from tqdm import tqdm
+
+import streamshard as ss
+from streamshard.io import storage
+from streamshard.io.text_counts import count_text_tokens
+from streamshard.progress import NoBar, progress_bar
+from test_packed_text import write_texts
+
+
+@contextmanager
+def lock_held_by_a_thread(lock: Any = None) -> Iterator[None]:
+    """``lock`` (tqdm's by default) held by another thread of this process while inside (as when a bar
+    is being made)."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock if lock is not None else tqdm.get_lock():
+            held.set()
+            release.wait()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    held.wait()
+    try:
+        yield
+    finally:
+        release.set()
+        thread.join()
+
+
+def child_finishes(work: Callable[[], None], timeout: float = 20.0, lock: Any = None) -> bool:
+    """Fork while ``lock`` (tqdm's by default) is held by another thread; whether the child ran ``work``
+    and exited in time."""
+    with lock_held_by_a_thread(lock):
+        pid = os.fork()
+        if pid == 0:  # the child: exit at once, whatever happens
+            code = 1
+            try:
+                work()
+                code = 0
+            finally:
+                os._exit(code)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status) == 0
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return False
+
+
+def test_a_worker_forked_while_its_parent_makes_a_bar_counts_tokens(tmp_path):
+    write_texts(tmp_path / "c", [[6, 5], [7]], seed=1)
+    pack = ss.PackedStream(ss.ParquetStream(str(tmp_path / "c")), column="text", seq_len=8, batch_size=2,
+                           tokenizer=lambda batch: [[len(w) for w in t.split()] for t in batch])
+    catalog = pack.source.catalog
+    every = np.arange(catalog.num_row_groups)
+
+    def count() -> None:  # what a worker does for a stage its parent has not counted (quiet: a worker's)
+        got = count_text_tokens(catalog, {}, "text", pack.text, None, quiet=True, rgs=every, threads=1)
+        assert (got >= 0).all()
+
+    assert child_finishes(count), "the forked worker hung on the bar's lock its parent's thread held"
+
+
+def test_a_bar_that_is_not_drawn_takes_no_lock():
+    assert isinstance(progress_bar(io.StringIO(), total=3, unit="rg", desc="x"), NoBar)  # not a terminal
+    assert child_finishes(lambda: progress_bar(io.StringIO(), total=3, unit="rg", desc="x").update(1))
+
+
+def test_a_child_forked_while_a_drawn_bar_is_locked_draws_its_own():
+    parent_side, child_side = os.openpty()
+    fcntl.ioctl(child_side, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))  # a width to draw in
+    terminal = os.fdopen(child_side, "w")
+    try:
+        with progress_bar(terminal, total=3, unit="rg", desc="x") as bar:
+            assert isinstance(bar, tqdm)  # a terminal: drawn
+
+        def draw() -> None:
+            with progress_bar(terminal, total=3, unit="rg", desc="drawn") as bar:
+                bar.update(3)
+            terminal.flush()
+
+        assert child_finishes(draw), "the forked child hung on tqdm's lock held by its parent's thread"
+        drawn = b""
+        while select.select([parent_side], [], [], 0.5)[0]:
+            drawn += os.read(parent_side, 65536)
+        assert b"drawn" in drawn
+    finally:
+        terminal.close()
+        os.close(parent_side)
+
+
+@pytest.mark.parametrize("quiet", [True, False])
+def test_a_bar_on_a_pipe_or_asked_quiet_is_silent(quiet):
+    out = io.StringIO()
+    with progress_bar(out, total=2, unit="rg", desc="counting", quiet=quiet) as bar:
+        bar.update(2)
+        bar.set_postfix_str("1 MB/s")
+    assert out.getvalue() == ""
+
+
+def test_a_worker_forked_while_its_parent_makes_a_filesystem_makes_its_own(tmp_path):
+    (tmp_path / "f").write_bytes(b"x")
+
+    def resolve() -> None:  # what a worker's first reader does
+        fs, path = storage.FileSystems({}).resolve(str(tmp_path / "f"))
+        assert fs.cat_file(path) == b"x"
+
+    assert child_finishes(resolve, lock=storage._SHARED_LOCK), "the forked worker hung on the filesystems' lock"
