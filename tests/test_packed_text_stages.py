@@ -308,17 +308,17 @@ def test_a_framework_that_reads_ahead_saves_the_state_of_what_it_trained(staged_
     assert same_batches(list(loader), again)
 
 
-def _split_job(tmp_path, *args, timeout=120):
+def _split_job(tmp_path, *args, timeout=120, processes=2):
     from pathlib import Path
 
     from launch import launch
 
     texts = write_texts(tmp_path / "data", [[9, 14, 6, 11], [12, 8, 10], [7, 13, 9], [10, 6, 12]], seed=8)
-    done = launch(2, Path(__file__).parent / "frameworks" / "text_stages_split_job.py", "--data",
+    done = launch(processes, Path(__file__).parent / "frameworks" / "text_stages_split_job.py", "--data",
                   str(tmp_path / "data"), "--report", str(tmp_path / "report"), "--first-stage-bytes", "150", *args,
                   timeout=timeout)
     reports = [json.loads((tmp_path / "report" / f"rank{r}.json").read_text())
-               if (tmp_path / "report" / f"rank{r}.json").exists() else None for r in range(2)]
+               if (tmp_path / "report" / f"rank{r}.json").exists() else None for r in range(processes)]
     return texts, done, reports
 
 
@@ -376,3 +376,28 @@ def test_a_rank_that_stops_early_hangs_neither_the_other_nor_its_own_exit(tmp_pa
     assert 0 < len(reports[1]["batches"]) < len(reports[0]["batches"]), "rank 1 stopped early"
     alone = present - reports[1]["first_stage_texts"]  # what rank 0 tokenizes to count without the split
     assert reports[0]["counted_texts"] < alone, f"rank 1 never helped with the later stages: {reports}"
+
+
+@pytest.mark.slow
+def test_each_data_parallel_group_of_a_mesh_splits_the_later_stages_over_its_own_ranks(tmp_path):
+    """torchrun, 4 ranks as a ("dp", "tp") = (2, 2) mesh, ``ParquetStream(mesh=mesh["dp"])``: each
+    data-parallel group ({0, 2} and {1, 3}, the same data) splits the later stages over its two ranks
+    (before: every rank counted them all itself, so a group's ranks tokenized far more than the corpus);
+    each rank's batches are those of the same pack counted without a process group, and all exit."""
+    from launch import check
+
+    texts, done, reports = _split_job(tmp_path, "--wait-for-counts", "--mesh", processes=4, timeout=150)
+    check(done)  # a hang is a kill, an abort at exit a signal: both fail here
+    present = sum(t is not None for t in texts)
+    assert [r["dp"] for r in reports] == [0, 0, 1, 1]
+    assert reports[0]["stages"] >= 4, "several later stages"
+    assert all(r["counts"] == reports[0]["counts"] for r in reports) and min(reports[0]["counts"]) >= 0
+    for group in ((0, 2), (1, 3)):  # global ranks of a data-parallel group (its tp index)
+        mine = [reports[r] for r in group]
+        later = [r["counted_texts"] - r["first_stage_texts"] for r in mine]
+        assert sum(r["counted_texts"] for r in mine) == present, f"group {group} tokenized each text once: {mine}"
+        assert all(0 < n < sum(later) for n in later), f"group {group}: both ranks counted a share: {later}"
+        assert len(mine[0]["batches"]) == len(mine[1]["batches"]), "equal steps"
+    unsplit = [_unsplit_batches(str(tmp_path / "data"), dp) for dp in range(2)]
+    for r, report in enumerate(reports):
+        assert report["batches"] == unsplit[report["dp"]], f"rank {r}: other batches than an unsplit count's"

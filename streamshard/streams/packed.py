@@ -90,7 +90,8 @@ class PackedStream(WeightSteering, PlannedStream):
     leftover tokens carried into the next stage; only the epoch's last batches pad). ``set_epoch``
     counts the first stage (split over the ranks of an initialised process group, with a progress
     bar on a terminal) and a background thread counts the others while training runs (split over
-    the ranks too under a default process group: ``streams/stage_counting.py``); a stage not
+    the same ranks: the default group's, or a device mesh's data-parallel group's with
+    ``mesh=mesh["dp"]``; ``streams/stage_counting.py``); a stage not
     counted when training reaches it is counted then. Such a stream has no ``len()`` (a
     ``TypeError``, as for any iterable dataset without a length, whether its counts are cached or
     not: every rank answers alike), so a framework that asks for it before the first step (Lightning)
@@ -531,12 +532,12 @@ class PackedStream(WeightSteering, PlannedStream):
         elif not counts.counted(first):
             missing = first[counts.tokens[first] < 0]
             counts.fill(missing, self._count_stage(missing, what, quiet=False))
-        split = distributed and ds._catalog_group is None and collective.process_group() is not None
-        service = rank_counting() if split else None
+        place = collective.process_group(ds._catalog_group) if distributed else None
+        service = rank_counting(ds._catalog_group) if place is not None else None
         if service is not None:
-            # Every rank is here, in the same order (the first stage was a collective): the later stages
-            # are split over the ranks by the counting group's thread, in the order of these calls.
-            rank, world = collective.process_group() or (0, 1)
+            # Every rank of the group is here, in the same order (the first stage was a collective): the
+            # later stages are split over its ranks by the counting group's thread, in the order of these calls.
+            rank, world = place
             service.add(partial(
                 count_later_stages, counts=counts, stages=stages, known=self._known_counts,
                 count_mine=self._count_rank_share, saved=self._save_counts if rank == 0 else lambda tokens: None,

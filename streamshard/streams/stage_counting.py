@@ -8,11 +8,16 @@ each later stage (``io/text_counts.count_over_ranks``), so each tokenizes about 
 
 Collectives from a thread need a group of their own (the training loop's collectives on the default
 group go on meanwhile) and the same order on every rank: ``RankCounting`` is one gloo backend per
-process over the default group's ranks and store (made in the main thread, where the first stage is
-already counted collectively, so every rank makes it in the same order; not registered with
-``torch.distributed``, so the training's ``destroy_process_group`` leaves it be) and one daemon
-thread that runs the jobs ``set_epoch`` gives it, one after the other; a job's collectives follow
-from gathered data only, never from what one rank happened to count meanwhile.
+process over the ranks of the group that counted the first stage (the default group, or the
+data-parallel group of a device mesh: ``ParquetStream(mesh=mesh["dp"])``), with group-local ranks,
+over the default store under a prefix of that group's own (its global ranks, and how many counting
+groups of those ranks this process made before: every data-parallel group of a mesh has its own).
+It is made in the main thread, where the first stage is already counted collectively over that
+group, so each of its ranks makes it in the same order; not registered with ``torch.distributed``,
+so the training's ``destroy_process_group`` leaves it be. One daemon thread runs the jobs
+``set_epoch`` gives it, one after the other; a job's collectives follow from gathered data only,
+never from what one rank happened to count meanwhile. Ranks of different data-parallel groups read
+the same data and count the same stages, each group on its own.
 
 Counts are deterministic (the same bytes and tokenizer give the same count), so the split only
 makes them come sooner: when a collective fails (a rank ended its training and exited, or destroyed
@@ -47,23 +52,28 @@ SPLIT_TIMEOUT_S = 120.0  # a collective of the counting group waits this long fo
 
 log = logging.getLogger("streamshard")
 
-_services: list["RankCounting"] = []  # one per default process group this process has counted under
+_services: list["RankCounting"] = []  # one per process group this process has counted under
 _services_lock = threading.Lock()
 
 
 class RankCounting:
-    """The counting group of a default process group and the daemon thread issuing its collectives."""
+    """The counting group of a process group (the default one or a mesh's data-parallel one) and the
+    daemon thread issuing its collectives."""
 
-    def __init__(self, parent: Any) -> None:
+    def __init__(self, parent: Any, group: Any = None) -> None:
         import torch.distributed as dist
 
-        self.parent = weakref.ref(parent)  # the default group it was made for (a new init_process_group: a new one)
-        self.rank, self.world, self.pid = dist.get_rank(), dist.get_world_size(), os.getpid()
+        # the group it was made for (a new init_process_group or mesh: a new one)
+        self.parent = weakref.ref(parent)
+        self.ranks = tuple(dist.get_process_group_ranks(parent))  # global ranks, in group rank order
+        self.rank, self.world, self.pid = dist.get_rank(group), dist.get_world_size(group), os.getpid()
         # A gloo backend of our own over the default store, not a registered group: the training's
         # destroy_process_group() (often called while this thread still counts) leaves it working, so
-        # the exit below can leave it in step with the other ranks.
-        store = dist.PrefixStore(f"streamshard/count-stages/{len(_services)}",
-                                 dist.distributed_c10d._get_default_store())
+        # the exit below can leave it in step with the other ranks. Its prefix is the group's own: the
+        # mesh's other data-parallel groups make theirs at the same time over the same store.
+        made = sum(service.ranks == self.ranks for service in _services)
+        prefix = f"streamshard/count-stages/{'-'.join(map(str, self.ranks))}/{made}"
+        store = dist.PrefixStore(prefix, dist.distributed_c10d._get_default_store())
         self.group: Any = dist.ProcessGroupGloo(store, self.rank, self.world, timedelta(seconds=SPLIT_TIMEOUT_S))
         self.failed: str | None = None  # why this rank left the group (then it counts alone)
         self.leaving = threading.Event()  # this process is exiting: say so at the next gather, then stop
@@ -122,19 +132,20 @@ class RankCounting:
                             "alone", self.failed)
 
 
-def rank_counting() -> RankCounting | None:
-    """This process's counting group for the current default process group (made on first call:
-    in the main thread, at a point every rank reaches in the same order); None where it cannot be
-    made (a warning: the stages are then counted alone)."""
+def rank_counting(group: Any = None) -> RankCounting | None:
+    """This process's counting group over the ranks of ``group`` (None: the current default process
+    group; else e.g. a mesh's data-parallel group), made on first call: in the main thread, at a point
+    every rank of ``group`` reaches in the same order. None where it cannot be made (a warning: the
+    stages are then counted alone)."""
     import torch.distributed as dist
 
-    parent = dist.distributed_c10d._get_default_group()
+    parent = group if group is not None else dist.distributed_c10d._get_default_group()
     with _services_lock:
         for service in _services:
             if service.parent() is parent:
                 return service
         try:
-            service = RankCounting(parent)
+            service = RankCounting(parent, group)
         except Exception as exc:  # noqa: BLE001 - e.g. gloo cannot find a network interface: count alone
             log.warning("the later text stages are counted by each rank alone: no gloo group for counting "
                         "(%s: %s)", type(exc).__name__, exc)

@@ -1,7 +1,7 @@
 """A raw-text epoch's later stages counted over the ranks: each rank tokenizes a share of them.
 
     torchrun --nproc_per_node=2 tests/frameworks/text_stages_split_job.py --data DIR --report REP \
-        --first-stage-bytes 200 [--wait-for-counts] [--stop-after N] [--slow S]
+        --first-stage-bytes 200 [--wait-for-counts] [--stop-after N] [--slow S] [--mesh]
 
 Each rank builds ``PackedStream(tokenizer=...)`` with a callable (word lengths) that counts the texts
 it tokenizes on the counting threads, calls ``set_epoch(0)`` (the first stage, counted over the ranks;
@@ -10,7 +10,9 @@ then the later ones beside training), and iterates the epoch in the main process
 a stage itself: what the counting threads tokenized is the split alone). ``--stop-after N``: rank 1
 breaks out N batches past its first stage plan's (so a later stage was counted), destroys its
 process group and exits while counting goes on; ``--slow S``: each counting call sleeps S seconds
-(a slow count, so it is still running then).
+(a slow count, so it is still running then). ``--mesh`` (4 processes): a ("dp", "tp") = (2, 2) device
+mesh, the pack's source built with ``mesh=mesh["dp"]``: each data-parallel group splits the stages
+over its own two ranks.
 Writes a JSON report per rank: texts tokenized to count (after the first stage, and in all), the
 token counts, every real token as (sample_id, token) per batch.
 """
@@ -49,11 +51,18 @@ def main() -> None:
     parser.add_argument("--wait-for-counts", action="store_true")
     parser.add_argument("--stop-after", type=int, default=None)
     parser.add_argument("--slow", type=float, default=0.0)
+    parser.add_argument("--mesh", action="store_true")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    where, dp = {}, rank
+    if args.mesh:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        where, dp = {"mesh": mesh["dp"]}, mesh["dp"].get_local_rank()
     tokenizer = Lengths(args.slow)
-    ps = ss.PackedStream(ss.ParquetStream(args.data, shuffle=True, seed=1), column="text", seq_len=16,
+    ps = ss.PackedStream(ss.ParquetStream(args.data, shuffle=True, seed=1, **where), column="text", seq_len=16,
                          batch_size=2, tokenizer=tokenizer, eos_id=0, first_stage_bytes=args.first_stage_bytes)
     ps.set_epoch(0)
     first = tokenizer.texts
@@ -78,7 +87,7 @@ def main() -> None:
             break
     os.makedirs(args.report, exist_ok=True)
     with open(os.path.join(args.report, f"rank{rank}.json"), "w") as f:
-        json.dump({"first_stage_texts": first, "counted_texts": tokenizer.texts, "batches": batches,
+        json.dump({"dp": dp, "first_stage_texts": first, "counted_texts": tokenizer.texts, "batches": batches,
                    "counts": counts.tokens.tolist(), "stages": len(ps.planner.stages(0))}, f)
     dist.destroy_process_group()
 
