@@ -322,13 +322,13 @@ def _split_job(tmp_path, *args, timeout=120, processes=2):
     return texts, done, reports
 
 
-def _unsplit_batches(path, rank):
+def _unsplit_batches(path, rank, workers=0):
     """A rank's batches of the same pack without a process group (every stage counted alone)."""
     source = ss.ParquetStream(path, shuffle=True, seed=1, rank=rank, world_size=2)
     ps = ss.PackedStream(source, column="text", seq_len=16, batch_size=2, eos_id=0, first_stage_bytes=150,
                          tokenizer=lambda batch: [[len(w) for w in t.split()] for t in batch])
     out = []
-    for batch in ss.StreamLoader(ps, num_workers=0):
+    for batch in ss.StreamLoader(ps, num_workers=workers, workers="threads"):
         sid, ids = batch["sample_id"].reshape(-1), batch["input_ids"].reshape(-1)
         out.append([[s, t] for s, t in zip(sid.tolist(), ids.tolist()) if s >= 0])
     return out
@@ -401,3 +401,33 @@ def test_each_data_parallel_group_of_a_mesh_splits_the_later_stages_over_its_own
     unsplit = [_unsplit_batches(str(tmp_path / "data"), dp) for dp in range(2)]
     for r, report in enumerate(reports):
         assert report["batches"] == unsplit[report["dp"]], f"rank {r}: other batches than an unsplit count's"
+
+
+@pytest.mark.slow
+def test_a_ranks_worker_processes_use_its_split_of_the_later_stages_instead_of_counting_them_too(tmp_path):
+    """torchrun, 2 ranks x 2 DataLoader worker processes (a callable tokenizer): the workers, started while
+    their parent's thread splits the later stages over the ranks, wait for its counts instead of
+    counting those stages again between them (before: each rank's workers tokenized every later stage
+    they reached on top of their parent's share); the batches are an unsplit count's."""
+    from collections import Counter
+
+    from launch import check
+
+    texts, done, reports = _split_job(tmp_path, "--workers", "2", "--slow", "0.05")
+    check(done)
+    present = sum(t is not None for t in texts)
+    per_rank = []
+    for r, report in enumerate(reports):
+        per_process: Counter = Counter()
+        for line in (tmp_path / "report" / f"counted-rank{r}.log").read_text().split("\n"):
+            if line:
+                pid, n = line.split()
+                per_process[pid] += int(n)
+        assert sum(per_process.values()) >= report["counted_texts"]  # the parent's, and its workers'
+        per_rank.append(sum(per_process.values()))
+    assert reports[0]["stages"] >= 4, "several later stages"
+    assert sum(per_rank) == present, f"each text tokenized once to count, workers included: {per_rank} of {present}"
+    later = [r["counted_texts"] - r["first_stage_texts"] for r in reports]
+    assert all(n > 0 for n in later), f"both ranks' threads counted a share of the later stages: {later}"
+    for r, report in enumerate(reports):
+        assert report["batches"] == _unsplit_batches(str(tmp_path / "data"), r, workers=2), f"rank {r}"

@@ -7,11 +7,23 @@ one rank's cores. Instead the first worker that needs a count tokenizes under th
 writes the counts there (``.npy`` of int64 per row group, loaded without pickle); the others wait for
 it and read them. A count is the same whoever makes it (the same bytes, the same tokenizer), so the
 share changes who counts, never what is planned.
+
+Under a process group the parent's counting thread splits the later stages over the ranks
+(``streams/stage_counting.py``) while its workers may need the same stages. So the parent *claims*
+the stages it is about to split (``claim``: a file naming its pid and the row groups), beats while
+it counts (each round of the split touches the claim), and publishes its counts (``publish``: a file
+of its own, written by that one thread) before it lets the claim go. A worker that lacks claimed row
+groups waits for them (polling, without the lock) instead of tokenizing them too; it counts them
+itself once the claim is gone, its claimant dead, or silent for ``CLAIM_STALE_S`` (longer than one
+round of the split, whose collectives time out after 120 s): a wait is bounded, and a count is the
+same whoever makes it.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
+import time
 from typing import Callable
 
 import numpy as np
@@ -22,8 +34,13 @@ from .token_count_cache import UNKNOWN
 from ..errors import CatalogError
 
 
+CLAIM_STALE_S = 180.0  # a claim not touched for this long is its claimant's no more (a round's count + gather)
+_POLL_S = 0.05  # how often a process waiting for a claimed count looks again
+
+
 class CountShare(ProcessShare):
-    """Where the worker processes of one pack find the token counts another of them made."""
+    """Where the worker processes of one pack find the token counts another of them (or their
+    parent's counting thread) made."""
 
     prefix = "streamshard-counts-"
 
@@ -31,19 +48,74 @@ class CountShare(ProcessShare):
                count: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         """Tokens of row groups ``rgs`` of the corpus ``name``: as another process published them, and
         ``count(missing)`` for the rest, published for the others. Counting holds the lock: a process
-        needing the same counts meanwhile waits for them instead of tokenizing them too."""
+        needing the same counts meanwhile waits for them instead of tokenizing them too. Row groups
+        another process claimed (``claimed``) are waited for, without the lock, while the claim lives."""
         rgs = np.asarray(rgs, dtype=np.int64)
-        with self.locked(f"{name}.lock") as directory:
-            path = os.path.join(directory, f"{name}.npy")
-            table = _load(path, num_row_groups) if os.path.exists(path) else np.full(num_row_groups, UNKNOWN, np.int64)
-            missing = rgs[table[rgs] < 0]
-            if missing.size:
-                got = np.asarray(count(missing), dtype=np.int64)
-                if got.shape != missing.shape or (got < 0).any():
-                    raise ValueError(f"counting gave {got!r} for {len(missing)} row groups")
-                table[missing] = got
-                write_atomically(path, lambda f: np.save(f, table, allow_pickle=False), ".counts-", "wb")
-            return table[rgs].copy()
+        while True:
+            with self.locked(f"{name}.lock") as directory:
+                path = os.path.join(directory, f"{name}.npy")
+                table = self.table(name, num_row_groups)
+                missing = rgs[table[rgs] < 0]
+                if not missing.size:
+                    return table[rgs]
+                if not self._claim_covers(directory, name, missing):
+                    got = np.asarray(count(missing), dtype=np.int64)
+                    if got.shape != missing.shape or (got < 0).any():
+                        raise ValueError(f"counting gave {got!r} for {len(missing)} row groups")
+                    table[missing] = got
+                    write_atomically(path, lambda f: np.save(f, table, allow_pickle=False), ".counts-", "wb")
+                    return table[rgs].copy()
+            time.sleep(_POLL_S)
+
+    def table(self, name: str, num_row_groups: int) -> np.ndarray:
+        """Every count of ``name`` the processes of this share published (``UNKNOWN`` elsewhere); read
+        without the lock (files are replaced whole)."""
+        table = np.full(num_row_groups, UNKNOWN, np.int64)
+        for path in (os.path.join(self.directory, f"{name}.npy"), os.path.join(self.directory, f"{name}.parent.npy")):
+            if os.path.exists(path):
+                known = _load(path, num_row_groups)
+                table = np.where(table >= 0, table, known)
+        return table
+
+    def claim(self, name: str, rgs: np.ndarray) -> "Claim":
+        """Until ``Claim.release``, processes of this share that lack any of ``rgs`` wait for them (this
+        process counts them: its counting thread's split over the ranks) instead of counting them, as
+        long as ``Claim.beat`` is called at least every ``CLAIM_STALE_S`` (each round of the split);
+        ``publish`` the counts before releasing. Raises ``OSError`` if the claim cannot be written."""
+        path = os.path.join(self._make_directory(), f"{name}.claim.{secrets.token_hex(8)}.npz")
+        units = np.asarray(rgs, dtype=np.int64)
+        write_atomically(path, lambda f: np.savez(f, pid=np.array([os.getpid()], np.int64), units=units),
+                         ".claim-", "wb")
+        return Claim(path)
+
+    def publish(self, name: str, tokens: np.ndarray) -> None:
+        """This process's counts of ``name`` (``UNKNOWN`` where it has none), for the others to read.
+        One writer only (the owner's counting thread): the file is replaced whole, without the lock."""
+        path = os.path.join(self._make_directory(), f"{name}.parent.npy")
+        table = np.asarray(tokens, dtype=np.int64)
+        write_atomically(path, lambda f: np.save(f, table, allow_pickle=False), ".counts-", "wb")
+
+    def _claim_covers(self, directory: str, name: str, missing: np.ndarray) -> bool:
+        """Whether another living process claimed some of ``missing`` and beat within ``CLAIM_STALE_S``."""
+        return any(self._one_claim_covers(os.path.join(directory, entry), missing) for entry in os.listdir(directory)
+                   if entry.startswith(f"{name}.claim.") and entry.endswith(".npz"))
+
+    def _one_claim_covers(self, path: str, missing: np.ndarray) -> bool:
+        try:
+            beat = os.stat(path).st_mtime
+            with np.load(path, allow_pickle=False) as claim:
+                pid, units = claim["pid"], claim["units"]
+        except FileNotFoundError:
+            return False  # none, or let go meanwhile
+        except (OSError, ValueError, KeyError) as exc:
+            raise CatalogError(f"token count claim {path} does not load ({type(exc).__name__}: {exc})") from exc
+        if pid.dtype != np.int64 or pid.shape != (1,) or units.dtype != np.int64 or units.ndim != 1:
+            raise CatalogError(f"token count claim {path} is damaged: pid {pid.dtype} {pid.shape}, units "
+                               f"{units.dtype} {units.shape}")
+        owner = int(pid[0])
+        if owner == os.getpid() or time.time() - beat > CLAIM_STALE_S or not _alive(owner):
+            return False
+        return bool(np.isin(missing, units).any())
 
 
 def _load(path: str, num_row_groups: int) -> np.ndarray:
@@ -55,3 +127,33 @@ def _load(path: str, num_row_groups: int) -> np.ndarray:
         raise CatalogError(f"token counts {path} are damaged: {table.dtype} {table.shape}, "
                            f"not int64 ({num_row_groups},) counts")
     return table
+
+
+class Claim:
+    """A claim of ``CountShare.claim``: its file, beaten and released by the claimant (never raising:
+    a claim that cannot be beaten goes stale, and the waiters count themselves)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def beat(self) -> None:
+        try:
+            os.utime(self.path)
+        except OSError:
+            pass
+
+    def release(self) -> None:
+        try:
+            os.remove(self.path)
+        except OSError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process under that pid: alive, though not ours (the beat decides)
+    return True

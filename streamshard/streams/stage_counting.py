@@ -43,8 +43,13 @@ from datetime import timedelta
 from typing import Any, Callable
 
 import numpy as np
+# Imported now, not lazily by the counting thread's first np.unique: a DataLoader forked while that thread
+# is inside the import would inherit a half-made numpy.ma, and every np.unique of the worker then fails
+# (RecursionError in numpy's __getattr__), as a torchrun test with worker processes showed.
+import numpy.ma  # noqa: F401
 
 from ..io.collective import CollectiveFailed
+from ..io.count_share import Claim
 from ..io.text_counts import count_over_ranks
 from ..plan.packing_stages import StageCounts, Stages
 
@@ -163,13 +168,27 @@ def _close_all() -> None:
 
 def count_later_stages(service: RankCounting, counts: StageCounts, stages: Stages, known: Callable[[], np.ndarray],
                        count_mine: Callable[[np.ndarray], np.ndarray], saved: Callable[[np.ndarray], None],
-                       weights: np.ndarray, round_weight: float) -> None:
+                       weights: np.ndarray, round_weight: float, claim: Claim | None = None) -> None:
     """A job of ``service``: count stages ``1..`` of an epoch in order, each split over the ranks while the
     group works (``known()``: this rank's counts, the cache's included; ``count_mine``: count row groups
-    alone; ``saved``: keep the counts, e.g. in the cache), else alone (``counts.of``). Training that
-    needs a stage being split waits for it (``StageCounts.claimed``) instead of counting it again.
-    A count that fails (on any rank: every rank learns it) ends the job as the lone count's failure
-    does: whoever needs that stage counts it and raises, naming the file and row group."""
+    alone; ``saved``: keep the counts, e.g. in the cache and for this rank's worker processes), else
+    alone (``counts.of``). Training that needs a stage being split waits for it
+    (``StageCounts.claimed``) instead of counting it again; so do this rank's worker processes while
+    ``claim`` (of the later stages, made when the job was added: ``io/count_share.py``) lives: it is
+    beaten every round and released when the job ends or this rank leaves the group. A count that
+    fails (on any rank: every rank learns it) ends the job as the lone count's failure does: whoever
+    needs that stage counts it and raises, naming the file and row group."""
+    try:
+        _count_later_stages(service, counts, stages, known, count_mine, saved, weights, round_weight, claim)
+    finally:
+        if claim is not None:
+            claim.release()
+
+
+def _count_later_stages(service: RankCounting, counts: StageCounts, stages: Stages, known: Callable[[], np.ndarray],
+                        count_mine: Callable[[np.ndarray], np.ndarray], saved: Callable[[np.ndarray], None],
+                        weights: np.ndarray, round_weight: float, claim: Claim | None) -> None:
+    beat = claim.beat if claim is not None else (lambda: None)
     for k in range(1, len(stages)):
         if service.leaving.is_set():
             return  # the process is exiting: nothing here needs the counts any more
@@ -179,7 +198,7 @@ def count_later_stages(service: RankCounting, counts: StageCounts, stages: Stage
                 with counts.claimed(units):
                     counts.fill(units, count_over_ranks(units, known(), count_mine, service.gather,
                                                         (service.rank, service.world), weights, round_weight,
-                                                        service.leaving.is_set))
+                                                        service.leaving.is_set, beat))
                 saved(counts.tokens)
                 continue
             except CollectiveFailed as exc:
@@ -191,6 +210,8 @@ def count_later_stages(service: RankCounting, counts: StageCounts, stages: Stage
             except Exception as exc:  # noqa: BLE001 - training counts the stage itself when it gets there
                 _stage_failed(k, stages, exc)
                 return
+        if claim is not None:
+            claim.release()  # counted alone from here, as the workers may count: through their share's lock
         try:
             counts.of(units)
         except Exception as exc:  # noqa: BLE001 - as above
