@@ -195,3 +195,13 @@ def test_claimed_counts_are_waited_for_while_the_claimant_lives_and_beats(then, 
     finally:
         child.kill()
         child.join()
+
+
+def test_a_damaged_claim_is_refused_by_name_never_waited_for_nor_ignored():
+    owner = Owner()
+    share = CountShare.owned_by(owner)
+    share.counts("source", np.arange(1), 4, lambda missing: missing + 10)  # makes the share's directory
+    with open(os.path.join(share.directory, "source.claim.0123.npz"), "wb") as f:
+        f.write(b"PK torn")
+    with pytest.raises(ss.CatalogError, match=r"source\.claim\.0123\.npz"):
+        share.counts("source", np.arange(4), 4, lambda missing: pytest.fail("counted past a damaged claim"))

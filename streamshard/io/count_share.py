@@ -49,7 +49,7 @@ class CountShare(ProcessShare):
         """Tokens of row groups ``rgs`` of the corpus ``name``: as another process published them, and
         ``count(missing)`` for the rest, published for the others. Counting holds the lock: a process
         needing the same counts meanwhile waits for them instead of tokenizing them too. Row groups
-        another process claimed (``claimed``) are waited for, without the lock, while the claim lives."""
+        another process claimed (``claim``) are waited for, without the lock, while the claim lives."""
         rgs = np.asarray(rgs, dtype=np.int64)
         while True:
             with self.locked(f"{name}.lock") as directory:
@@ -58,14 +58,20 @@ class CountShare(ProcessShare):
                 missing = rgs[table[rgs] < 0]
                 if not missing.size:
                     return table[rgs]
-                if not self._claim_covers(directory, name, missing):
+                claims = self._claims_covering(directory, name, missing)
+                if not claims:
                     got = np.asarray(count(missing), dtype=np.int64)
                     if got.shape != missing.shape or (got < 0).any():
                         raise ValueError(f"counting gave {got!r} for {len(missing)} row groups")
                     table[missing] = got
                     write_atomically(path, lambda f: np.save(f, table, allow_pickle=False), ".counts-", "wb")
                     return table[rgs].copy()
-            time.sleep(_POLL_S)
+                published = os.path.join(directory, f"{name}.parent.npy")
+                seen = _stamp(published)
+            # Without the lock, with os.stat only (a table may be megabytes): until the claimant publishes,
+            # or a claim waited for is let go, its process dies or it falls silent.
+            while _stamp(published) == seen and all(_live(claim, pid) for claim, pid in claims):
+                time.sleep(_POLL_S)
 
     def table(self, name: str, num_row_groups: int) -> np.ndarray:
         """Every count of ``name`` the processes of this share published (``UNKNOWN`` elsewhere); read
@@ -95,27 +101,56 @@ class CountShare(ProcessShare):
         table = np.asarray(tokens, dtype=np.int64)
         write_atomically(path, lambda f: np.save(f, table, allow_pickle=False), ".counts-", "wb")
 
-    def _claim_covers(self, directory: str, name: str, missing: np.ndarray) -> bool:
-        """Whether another living process claimed some of ``missing`` and beat within ``CLAIM_STALE_S``."""
-        return any(self._one_claim_covers(os.path.join(directory, entry), missing) for entry in os.listdir(directory)
-                   if entry.startswith(f"{name}.claim.") and entry.endswith(".npz"))
+    def _claims_covering(self, directory: str, name: str, missing: np.ndarray) -> list[tuple[str, int]]:
+        """The live claims (path, claimant's pid) of other processes that hold some of ``missing``."""
+        known: dict[str, tuple[int, np.ndarray]] = self.__dict__.setdefault("_claims_read", {})  # a claim never changes
+        covering = []
+        for entry in sorted(os.listdir(directory)):
+            if not (entry.startswith(f"{name}.claim.") and entry.endswith(".npz")):
+                continue
+            path = os.path.join(directory, entry)
+            if path not in known:
+                claim = _load_claim(path)
+                if claim is None:
+                    continue  # let go meanwhile
+                known[path] = claim
+            pid, units = known[path]
+            if pid != os.getpid() and _live(path, pid) and np.isin(missing, units).any():
+                covering.append((path, pid))
+        return covering
 
-    def _one_claim_covers(self, path: str, missing: np.ndarray) -> bool:
-        try:
-            beat = os.stat(path).st_mtime
-            with np.load(path, allow_pickle=False) as claim:
-                pid, units = claim["pid"], claim["units"]
-        except FileNotFoundError:
-            return False  # none, or let go meanwhile
-        except (OSError, ValueError, KeyError) as exc:
-            raise CatalogError(f"token count claim {path} does not load ({type(exc).__name__}: {exc})") from exc
-        if pid.dtype != np.int64 or pid.shape != (1,) or units.dtype != np.int64 or units.ndim != 1:
-            raise CatalogError(f"token count claim {path} is damaged: pid {pid.dtype} {pid.shape}, units "
-                               f"{units.dtype} {units.shape}")
-        owner = int(pid[0])
-        if owner == os.getpid() or time.time() - beat > CLAIM_STALE_S or not _alive(owner):
-            return False
-        return bool(np.isin(missing, units).any())
+
+def _load_claim(path: str) -> tuple[int, np.ndarray] | None:
+    """A claim's (pid, row groups); None where it is gone."""
+    try:
+        with np.load(path, allow_pickle=False) as claim:
+            pid, units = claim["pid"], claim["units"]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError) as exc:
+        raise CatalogError(f"token count claim {path} does not load ({type(exc).__name__}: {exc})") from exc
+    if pid.dtype != np.int64 or pid.shape != (1,) or units.dtype != np.int64 or units.ndim != 1:
+        raise CatalogError(f"token count claim {path} is damaged: pid {pid.dtype} {pid.shape}, units "
+                           f"{units.dtype} {units.shape}")
+    return int(pid[0]), units
+
+
+def _live(path: str, pid: int) -> bool:
+    """Whether a claim is still there, beaten within ``CLAIM_STALE_S``, by a living process."""
+    try:
+        beat = os.stat(path).st_mtime
+    except FileNotFoundError:
+        return False
+    return time.time() - beat <= CLAIM_STALE_S and _alive(pid)
+
+
+def _stamp(path: str) -> tuple[int, int, int] | None:
+    """What changes when a file is replaced (None: there is none)."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return info.st_ino, info.st_mtime_ns, info.st_size
 
 
 def _load(path: str, num_row_groups: int) -> np.ndarray:
