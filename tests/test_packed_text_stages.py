@@ -395,12 +395,22 @@ def test_each_data_parallel_group_of_a_mesh_splits_the_later_stages_over_its_own
     for group in ((0, 2), (1, 3)):  # global ranks of a data-parallel group (its tp index)
         mine = [reports[r] for r in group]
         later = [r["counted_texts"] - r["first_stage_texts"] for r in mine]
-        assert sum(r["counted_texts"] for r in mine) == present, f"group {group} tokenized each text once: {mine}"
+        assert sum(r["counted_texts"] for r in mine) == present, f"group {group}: {[r['counted_texts'] for r in mine]} texts tokenized to count {present}"
         assert all(0 < n < sum(later) for n in later), f"group {group}: both ranks counted a share: {later}"
         assert len(mine[0]["batches"]) == len(mine[1]["batches"]), "equal steps"
     unsplit = [_unsplit_batches(str(tmp_path / "data"), dp) for dp in range(2)]
     for r, report in enumerate(reports):
         assert report["batches"] == unsplit[report["dp"]], f"rank {r}: other batches than an unsplit count's"
+
+
+def _counted_by_every_process(tmp_path, reports) -> list[int]:
+    """Texts each rank tokenized to count: its process and its DataLoader workers (their log lines)."""
+    per_rank = []
+    for r, report in enumerate(reports):
+        lines = (tmp_path / "report" / f"counted-rank{r}.log").read_text().split("\n")
+        per_rank.append(sum(int(line.split()[1]) for line in lines if line))
+        assert per_rank[-1] >= report["counted_texts"]  # the parent's, and its workers'
+    return per_rank
 
 
 @pytest.mark.slow
@@ -409,25 +419,32 @@ def test_a_ranks_worker_processes_use_its_split_of_the_later_stages_instead_of_c
     their parent's thread splits the later stages over the ranks, wait for its counts instead of
     counting those stages again between them (before: each rank's workers tokenized every later stage
     they reached on top of their parent's share); the batches are an unsplit count's."""
-    from collections import Counter
-
     from launch import check
 
     texts, done, reports = _split_job(tmp_path, "--workers", "2", "--slow", "0.05")
     check(done)
     present = sum(t is not None for t in texts)
-    per_rank = []
-    for r, report in enumerate(reports):
-        per_process: Counter = Counter()
-        for line in (tmp_path / "report" / f"counted-rank{r}.log").read_text().split("\n"):
-            if line:
-                pid, n = line.split()
-                per_process[pid] += int(n)
-        assert sum(per_process.values()) >= report["counted_texts"]  # the parent's, and its workers'
-        per_rank.append(sum(per_process.values()))
+    per_rank = _counted_by_every_process(tmp_path, reports)
     assert reports[0]["stages"] >= 4, "several later stages"
     assert sum(per_rank) == present, f"each text tokenized once to count, workers included: {per_rank} of {present}"
     later = [r["counted_texts"] - r["first_stage_texts"] for r in reports]
     assert all(n > 0 for n in later), f"both ranks' threads counted a share of the later stages: {later}"
     for r, report in enumerate(reports):
         assert report["batches"] == _unsplit_batches(str(tmp_path / "data"), r, workers=2), f"rank {r}"
+
+
+@pytest.mark.slow
+def test_worker_processes_waiting_for_a_split_that_ends_early_count_themselves_and_nothing_hangs(tmp_path):
+    """2 ranks x 2 worker processes; rank 1 stops early and exits while the later stages are split
+    (slowly): rank 0's thread counts the rest alone and lets its claim go, so rank 0's workers, which
+    were waiting for it, get every stage (from it or counting once between them) and deliver the
+    batches of an unsplit count; both exit cleanly."""
+    from launch import check
+
+    texts, done, reports = _split_job(tmp_path, "--workers", "2", "--stop-after", "2", "--slow", "0.15", timeout=90)
+    check(done)  # a hang is a kill after 90 s, an abort at exit a signal: both fail here
+    assert 0 < len(reports[1]["batches"]) < len(reports[0]["batches"]), "rank 1 stopped early"
+    per_rank = _counted_by_every_process(tmp_path, reports)
+    assert sum(per_rank) == sum(t is not None for t in texts), f"a text tokenized twice to count: {per_rank}"
+    got = reports[0]["batches"]
+    assert sorted(map(str, got)) == sorted(map(str, _unsplit_batches(str(tmp_path / "data"), 0, workers=2)))

@@ -204,6 +204,7 @@ def _count_later_stages(service: RankCounting, counts: StageCounts, stages: Stag
             except CollectiveFailed as exc:
                 if exc.counts is not None:  # this rank's share and the shares gathered before: kept
                     counts.fill(units, exc.counts[units])
+                    _keep(saved, counts)  # and shared with the workers before the claim goes
                 service.leave(exc.__cause__ or exc)
                 if service.leaving.is_set():
                     return
@@ -227,6 +228,13 @@ def count_later_stages_alone(counts: StageCounts, stages: Stages) -> None:
         except Exception as exc:  # noqa: BLE001 - training counts the stage itself when it gets there
             _stage_failed(k, stages, exc)
             return
+
+
+def _keep(saved: Callable[[np.ndarray], None], counts: StageCounts) -> None:
+    try:
+        saved(counts.tokens)
+    except Exception as exc:  # noqa: BLE001 - what is not kept is counted again where needed
+        log.warning("token counts not kept (%s: %s)", type(exc).__name__, exc)
 
 
 def _stage_failed(k: int, stages: Stages, exc: BaseException) -> None:

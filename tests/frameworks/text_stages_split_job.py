@@ -11,7 +11,8 @@ a stage itself: what the counting threads tokenized is the split alone). ``--sto
 breaks out N batches past its first stage plan's (so a later stage was counted), destroys its
 process group and exits while counting goes on; ``--slow S``: each counting call sleeps S seconds
 (a slow count, so it is still running then). ``--workers N``: iterate a ``StreamLoader`` of N worker
-processes instead, started at once (their stages are still being counted). ``--mesh`` (4 processes): a ("dp", "tp") = (2, 2) device
+processes instead, started at once (their stages are still being counted); with ``--stop-after``, a
+plain ``DataLoader`` of N workers (a StreamLoader's end of pass is a collective: rank 1 is gone by then). ``--mesh`` (4 processes): a ("dp", "tp") = (2, 2) device
 mesh, the pack's source built with ``mesh=mesh["dp"]``: each data-parallel group splits the stages
 over its own two ranks.
 Each process notes the texts it tokenized to count in ``counted-rank{rank}.log`` (``pid texts`` lines).
@@ -29,6 +30,7 @@ import time
 
 import numpy as np
 import torch.distributed as dist
+from torch.utils.data import DataLoader
 
 import streamshard as ss
 
@@ -82,13 +84,18 @@ def main() -> None:
     if args.stop_after is not None:  # past the first stage plan: its next batches need a later stage counted
         from streamshard.plan.packing_stages import StagePlans
 
-        planner = ps.planner
-        first_plan = StagePlans(planner.stages(0), counts, planner.config, 0, 2).plan(0)
-        stop = (first_plan.steps if first_plan is not None else 0) + args.stop_after
+        planner, n = ps.planner, max(args.workers or 0, 1)
+        first_plan = StagePlans(planner.stages(0), counts, planner.config, 0, 2 * n).plan(0)
+        stop = (first_plan.steps * n if first_plan is not None else 0) + args.stop_after
     batches = []
     # the stream itself (a StreamLoader's end of pass sets the next epoch, a collective), or a loader whose
-    # worker processes (a callable tokenizer) need the later stages while this process's thread splits them
-    for batch in ps if args.workers is None else ss.StreamLoader(ps, num_workers=args.workers):
+    # worker processes (a callable tokenizer) need the later stages while this process's thread splits them:
+    # a plain DataLoader where rank 1 stops early (no collective at rank 0's end of pass)
+    loader = ps
+    if args.workers is not None:
+        loader = ss.StreamLoader(ps, num_workers=args.workers) if stop is None else \
+            DataLoader(ps, batch_size=None, num_workers=args.workers)
+    for batch in loader:
         sid, ids = batch["sample_id"].reshape(-1), batch["input_ids"].reshape(-1)
         batches.append([[s, t] for s, t in zip(sid.tolist(), ids.tolist()) if s >= 0])
         if rank == 1 and len(batches) == stop:
