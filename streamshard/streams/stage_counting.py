@@ -27,7 +27,10 @@ longer than one timeout for another. At the interpreter's exit (``atexit``) a ra
 group says so at its next gather (at most one round's count away) and every rank leaves at that same
 gather, so no process ends inside a collective (gloo then aborts it) and none waits for one that
 will not come. Without a process group (one process, DataLoader worker processes) nothing here
-runs: the stages are counted alone as before.
+runs: the stages are counted alone as before. A rank's DataLoader worker processes never join the
+group: they wait for what it counts (a claim of the later stages in their count share, made when
+the job is added, beaten every round, released when the job ends or the rank leaves the group;
+the counts published there stage by stage: ``io/count_share.py``) instead of counting it again.
 """
 
 from __future__ import annotations
