@@ -569,8 +569,9 @@ class PackedStream(WeightSteering, PlannedStream):
         """Tell this process's worker processes (now or later forked) that the stages after the first are
         being split over the ranks here, so they wait for its counts (``_stage_counted`` publishes
         them) instead of counting them too. Made when the job is added, so no worker started after it
-        misses it; None (a warning: the workers count themselves) where it cannot be written."""
-        if len(stages) < 2:
+        misses it; None where every stage is counted here already (the workers start from these
+        counts) or it cannot be written (a warning: the workers count themselves)."""
+        if len(stages) < 2 or self._stage_counts().counted(stages.order):
             return None
         try:
             return self._count_share.claim("source", stages.order[stages.bounds[1]:])
