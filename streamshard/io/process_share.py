@@ -101,7 +101,12 @@ class ProcessShare:
     def may_have_workers(self) -> bool:
         """Whether a process other than this one may need what is shared: this process has forked or
         pickled the owner since the share was made, or some process has begun sharing already."""
-        return self._pickled or _forks > self._forks_at_birth or self.started()
+        return self.copied() or self.started()
+
+    def copied(self) -> bool:
+        """Whether this process has forked or pickled the owner since the share was made (so a copy
+        of it may run in another process)."""
+        return self._pickled or _forks > self._forks_at_birth
 
     def started(self) -> bool:
         """Whether some process of this owner has begun sharing (then this one must join)."""

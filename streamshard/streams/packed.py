@@ -8,6 +8,7 @@ packed corpus by corpus and blends sequences, planned like a blend's positions (
 
 from __future__ import annotations
 
+import logging
 import threading
 from functools import partial
 from typing import Any, Callable, Iterator, Sequence
@@ -26,7 +27,7 @@ from ..plan.blend_schedule import blend_counts
 from .dataset import ParquetStream
 from .delivery import deliver
 from ..io.fetch import ReadStats
-from ..errors import ConversionError, ReadError
+from ..errors import CatalogError, ConversionError, ReadError
 from ..plan.elastic import Segment
 from ..plan.packing_plan import PackedBlendBatches, TokenGroup, pack, segment_bounds, token_counts, token_group
 from ..plan.packing_stages import StageCounts, StagedPlanner, Stages
@@ -37,7 +38,7 @@ from ..plan.steering import SteerSpec, WeightSteering
 from .stream_base import PlannedStream
 from ..convert.tensors import Batch
 from ..io import collective
-from ..io.count_share import CountShare
+from ..io.count_share import Claim, CountShare
 from ..io.text_counts import count_text_tokens, row_group_texts
 from .stage_counting import count_later_stages, count_later_stages_alone, rank_counting
 from ..convert.text_tokenizer import TextTokenizer
@@ -46,6 +47,7 @@ from ..plan.topology import current_worker
 from ..plan.validate import check_int
 
 TOKENS = "input_ids"  # the batch key of the ids of a tokenized text column
+log = logging.getLogger("streamshard")
 FIRST_STAGE_BYTES = 8 << 20  # compressed text in a cold text epoch's first counting stage: a few seconds to count
 
 
@@ -90,7 +92,8 @@ class PackedStream(WeightSteering, PlannedStream):
     leftover tokens carried into the next stage; only the epoch's last batches pad). ``set_epoch``
     counts the first stage (split over the ranks of an initialised process group, with a progress
     bar on a terminal) and a background thread counts the others while training runs (split over
-    the ranks too under a default process group: ``streams/stage_counting.py``); a stage not
+    the same ranks: the default group's, or a device mesh's data-parallel group's with
+    ``mesh=mesh["dp"]``; ``streams/stage_counting.py``); a stage not
     counted when training reaches it is counted then. Such a stream has no ``len()`` (a
     ``TypeError``, as for any iterable dataset without a length, whether its counts are cached or
     not: every rank answers alike), so a framework that asks for it before the first step (Lightning)
@@ -531,16 +534,17 @@ class PackedStream(WeightSteering, PlannedStream):
         elif not counts.counted(first):
             missing = first[counts.tokens[first] < 0]
             counts.fill(missing, self._count_stage(missing, what, quiet=False))
-        split = distributed and ds._catalog_group is None and collective.process_group() is not None
-        service = rank_counting() if split else None
+        place = collective.process_group(ds._catalog_group) if distributed else None
+        service = rank_counting(ds._catalog_group) if place is not None else None
         if service is not None:
-            # Every rank is here, in the same order (the first stage was a collective): the later stages
-            # are split over the ranks by the counting group's thread, in the order of these calls.
-            rank, world = collective.process_group() or (0, 1)
+            # Every rank of the group is here, in the same order (the first stage was a collective): the
+            # later stages are split over its ranks by the counting group's thread, in the order of these calls.
+            rank, world = place
             service.add(partial(
                 count_later_stages, counts=counts, stages=stages, known=self._known_counts,
-                count_mine=self._count_rank_share, saved=self._save_counts if rank == 0 else lambda tokens: None,
-                weights=self._text_weights(), round_weight=float(world * self.first_stage_bytes)))
+                count_mine=self._count_rank_share, saved=partial(self._stage_counted, cache=rank == 0),
+                weights=self._text_weights(), round_weight=float(world * self.first_stage_bytes),
+                claim=self._claim_for_workers(stages)))
             return
         running = self._counter is not None and self._counter.is_alive()  # one at a time (an earlier epoch's goes on)
         if current_worker()[1] == 0 and not running and not counts.counted(stages.order):
@@ -549,9 +553,45 @@ class PackedStream(WeightSteering, PlannedStream):
             self._counter.start()
 
     def _known_counts(self) -> np.ndarray:
-        """This process's counts, the cache's where it has none (another process may have saved them)."""
+        """This process's counts, the cache's and its worker processes' where it has none (another
+        process may have counted them)."""
         tokens, cache = self._stage_counts().tokens.copy(), self._count_cache()
-        return tokens if cache is None else np.where(tokens >= 0, tokens, cache.load(self.source.catalog))
+        if cache is not None:
+            tokens = np.where(tokens >= 0, tokens, cache.load(self.source.catalog))
+        if self._count_share.started():
+            try:
+                tokens = np.where(tokens >= 0, tokens, self._count_share.table("source", len(tokens)))
+            except (OSError, CatalogError) as exc:  # counted here instead (the split must go on in step)
+                log.warning("the token counts of this rank's worker processes are not used: %s", exc)
+        return tokens
+
+    def _claim_for_workers(self, stages: Stages) -> Claim | None:
+        """Tell this process's worker processes (now or later forked) that the stages after the first are
+        being split over the ranks here, so they wait for its counts (``_stage_counted`` publishes
+        them) instead of counting them too. Made when the job is added, so no worker started after it
+        misses it; None where every stage is counted here already (the workers start from these
+        counts) or it cannot be written (a warning: the workers count themselves)."""
+        if len(stages) < 2 or self._stage_counts().counted(stages.order):
+            return None
+        try:
+            return self._count_share.claim("source", stages.order[stages.bounds[1]:])
+        except OSError as exc:
+            log.warning("this rank's worker processes count the later text stages themselves: no claim in %s "
+                        "(%s: %s)", self._count_share.directory, type(exc).__name__, exc)
+            return None
+
+    def _stage_counted(self, tokens: np.ndarray, cache: bool) -> None:
+        """A stage split over the ranks is counted: saved to the count cache (``cache``: one rank of the
+        group saves) and published for this process's worker processes, if it has any (they may wait
+        for it). Never raises past a warning: the split's other ranks go on regardless."""
+        if cache:
+            self._save_counts(tokens)
+        if self._count_share.copied():
+            try:
+                self._count_share.publish("source", tokens)
+            except OSError as exc:
+                log.warning("the token counts of a later text stage are not shared with this rank's worker "
+                            "processes (%s: %s): they count it themselves", type(exc).__name__, exc)
 
     def _count_rank_share(self, rgs: np.ndarray) -> np.ndarray:
         """Count ``rgs`` here, alone (this rank's share of a stage split over the ranks)."""
