@@ -4,17 +4,20 @@ A raw-text pack's counting thread reads and tokenizes beside training (making a 
 and a reader for each round it counts) while the loader forks its worker processes. A worker that
 then counted a stage itself waited forever for tqdm's lock, held at the fork by the parent's thread
 (which the child does not have): CI at 4399040 failed a Lightning job's resumed run on a hang. Each
-test forks while a thread holds such a lock and fails if the child does not finish.
+test forks while a thread holds such a lock, or is importing a module (``io/fork_imports.py``), and
+fails if the child does not finish with what it needs whole.
 """
 
 from __future__ import annotations
 
 import fcntl
+import importlib
 import io
 import os
 import select
 import signal
 import struct
+import sys
 import termios
 import threading
 import time
@@ -26,7 +29,7 @@ import pytest
 from tqdm import tqdm
 
 import streamshard as ss
-from streamshard.io import storage
+from streamshard.io import fork_imports, storage
 from streamshard.io.text_counts import count_text_tokens
 from streamshard.progress import NoBar, progress_bar
 from test_packed_text import write_texts
@@ -135,3 +138,58 @@ def test_a_worker_forked_while_its_parent_makes_a_filesystem_makes_its_own(tmp_p
         assert fs.cat_file(path) == b"x"
 
     assert child_finishes(resolve, lock=storage._SHARED_LOCK), "the forked worker hung on the filesystems' lock"
+
+
+def write_module(directory, name: str, body: str) -> None:
+    (directory / f"{name}.py").write_text(body)
+
+
+def test_a_worker_forked_while_another_thread_imports_a_module_gets_it_whole(tmp_path, monkeypatch):
+    # As numpy.ma imported by a counting thread's first np.unique, or pandas by pyarrow's first pa.array().
+    write_module(tmp_path, "slow_to_import", "import time\ntime.sleep(0.5)\nDONE = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "slow_to_import", raising=False)
+    importer = threading.Thread(target=importlib.import_module, args=("slow_to_import",))
+    importer.start()
+    while "slow_to_import" not in sys.modules:
+        time.sleep(0.001)
+    pid = os.fork()  # inside the import: the fork waits for it
+    if pid == 0:
+        code = 1
+        try:
+            import slow_to_import
+            code = 0 if slow_to_import.DONE else 1
+        finally:
+            os._exit(code)
+    importer.join()
+    deadline = time.monotonic() + 20
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the child waited forever for the module its parent's thread was importing at the fork")
+        time.sleep(0.01)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child found the module half made"
+
+
+def test_a_module_that_forks_while_it_is_imported_is_not_waited_for(tmp_path, monkeypatch):
+    monkeypatch.setattr(fork_imports, "FORK_WAITS_FOR_IMPORTS_S", 600.0)  # waiting for itself: the test times out
+    write_module(tmp_path, "forks_at_import", "import os\npid = os.fork()\nif pid == 0:\n    os._exit(0)\n"
+                                              "os.waitpid(pid, 0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "forks_at_import", raising=False)
+    importlib.import_module("forks_at_import")
+
+
+def test_an_import_that_never_ends_delays_one_fork_only(tmp_path, monkeypatch):
+    write_module(tmp_path, "never_imported", "import threading\nthreading.Event().wait(3600)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    threading.Thread(target=importlib.import_module, args=("never_imported",), daemon=True).start()
+    while "never_imported" not in sys.modules:
+        time.sleep(0.001)
+    assert "never_imported" in fork_imports.imports_in_progress()
+    assert not fork_imports.wait_for_other_threads_imports(timeout=0.2)  # waited, in vain
+    assert fork_imports.wait_for_other_threads_imports(timeout=0.2)  # not again

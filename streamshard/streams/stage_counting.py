@@ -46,10 +46,6 @@ from datetime import timedelta
 from typing import Any, Callable
 
 import numpy as np
-# Imported now, not lazily by the counting thread's first np.unique: a DataLoader forked while that thread
-# is inside the import would inherit a half-made numpy.ma, and every np.unique of the worker then fails
-# (RecursionError in numpy's __getattr__), as a torchrun test with worker processes showed.
-import numpy.ma  # noqa: F401
 
 from ..io.collective import CollectiveFailed
 from ..io.count_share import Claim
