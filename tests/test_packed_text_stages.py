@@ -213,6 +213,42 @@ def test_the_count_cache_keeps_a_files_row_groups_as_their_stages_are_counted(st
     assert (merged[2::3] == UNKNOWN).all()
 
 
+def _save_one_by_one(cache_dir: str, path: str, me: int, every: int, start) -> None:
+    """A rank's saves of its own row groups, one more each time (as its counting thread saves stages)."""
+    from streamshard.io.token_count_cache import UNKNOWN, TokenCountCache
+
+    catalog = staged_pack(path).source.catalog
+    cache = TokenCountCache(cache_dir, "some-tokenizer", "text")
+    counts = np.full(catalog.num_row_groups, UNKNOWN, dtype=np.int64)
+    start.wait()
+    for rg in range(me, catalog.num_row_groups, every):
+        counts[rg] = rg * 7 + 1
+        cache.save(catalog, counts)
+
+
+def test_ranks_saving_counts_at_once_keep_each_others(staged_corpus, tmp_path):
+    """Under a mesh every data-parallel group's first rank saves the counts its group split: each save
+    merges into the file under its lock, so none loses what another saved meanwhile."""
+    import multiprocessing
+
+    from streamshard.io.token_count_cache import TokenCountCache
+
+    path, _ = staged_corpus
+    catalog = staged_pack(path).source.catalog
+    context = multiprocessing.get_context("fork")
+    start = context.Event()
+    savers = [context.Process(target=_save_one_by_one, args=(str(tmp_path), path, me, 4, start)) for me in range(4)]
+    for saver in savers:
+        saver.start()
+    start.set()
+    for saver in savers:
+        saver.join(60)
+        assert saver.exitcode == 0
+    got = TokenCountCache(str(tmp_path), "some-tokenizer", "text").load(catalog)
+    lost = np.flatnonzero(got != np.arange(catalog.num_row_groups) * 7 + 1)
+    assert not lost.size, f"row groups {lost.tolist()} lost by saves at once"
+
+
 @pytest.mark.slow
 def test_two_ranks_over_stages_and_epochs(tmp_path):
     """torchrun, 2 ranks, gloo, several stages: each epoch's first stage is counted over the ranks (both
