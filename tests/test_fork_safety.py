@@ -193,3 +193,28 @@ def test_an_import_that_never_ends_delays_one_fork_only(tmp_path, monkeypatch):
     assert "never_imported" in fork_imports.imports_in_progress()
     assert not fork_imports.wait_for_other_threads_imports(timeout=0.2)  # waited, in vain
     assert fork_imports.wait_for_other_threads_imports(timeout=0.2)  # not again
+
+
+def test_a_worker_forked_while_a_thread_loads_a_lazy_submodule_finds_it_bound(tmp_path, monkeypatch):
+    # numpy's pattern: the package's __getattr__ imports a submodule on first use (np.unique -> numpy.ma); a
+    # child must never see the submodule imported but not yet bound to its package (numpy then recursed).
+    package = tmp_path / "lazy_package"
+    package.mkdir()
+    write_module(package, "__init__", "import importlib\n\ndef __getattr__(name):\n"
+                                      "    if name == 'part':\n        import lazy_package.part as part\n"
+                                      "        return part\n    raise AttributeError(name)\n")
+    write_module(package, "part", "import time\ntime.sleep(0.3)\nDONE = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("lazy_package", "lazy_package.part"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    lazy_package = importlib.import_module("lazy_package")
+    user = threading.Thread(target=getattr, args=(lazy_package, "part"))
+    user.start()
+    while "lazy_package.part" not in sys.modules:
+        time.sleep(0.001)
+
+    def use() -> None:
+        assert lazy_package.part.DONE
+
+    assert child_finishes(use, lock=threading.Lock()), "the child found the submodule half made or unbound"
+    user.join()
