@@ -46,6 +46,11 @@ from datetime import timedelta
 from typing import Any, Callable
 
 import numpy as np
+# Imported up front, in the thread that imports the package, not lazily by np.unique's first call in the
+# counting thread: a torchrun test's rank died with RecursionError in numpy's __getattr__ importing
+# numpy.ma while the training loop and the counting thread both needed it (a fork during the import is
+# io/fork_imports.py's to prevent; two threads importing it at once is not).
+import numpy.ma  # noqa: F401
 
 from ..io.collective import CollectiveFailed
 from ..io.count_share import Claim
