@@ -3,10 +3,10 @@
 A DataLoader forks its worker processes from the training loop's thread while the package's
 background threads (a raw-text pack's counting thread, the catalog's pyarrow warm-up) may be
 importing a module lazily: numpy's ``np.unique`` imports ``numpy.ma`` on first use, pyarrow imports
-pandas on its first ``pa.array()``. A child forked in the middle inherits the half-made import: the
-module in ``sys.modules`` but not yet bound to its package (every ``np.unique`` of the worker then
-raised ``RecursionError`` in numpy's ``__getattr__``: CI and a torchrun test), or its module lock held
-by a thread the child does not have (the child's own import of it waits forever).
+pandas on its first ``pa.array()``. A child forked in the middle inherits the half-made import: its
+module lock held by a thread the child does not have (the child's own import of it waits forever:
+tests/test_fork_safety.py), or the module in ``sys.modules`` not yet bound to its package (numpy's
+lazy ``__getattr__`` then recurses).
 
 So before every fork of this process (``os.register_at_fork``, once the package is imported) the
 forking thread waits, up to ``FORK_WAITS_FOR_IMPORTS_S``, until no other thread holds a module's
