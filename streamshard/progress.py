@@ -57,8 +57,14 @@ def _is_terminal(err: TextIO) -> bool:
 
 def _fresh_lock_in_child() -> None:
     """In a forked child: tqdm's thread lock anew (the parent's may have been held by a thread the child
-    lacks). Its process lock is a semaphore shared with the parent, which the parent's holder releases."""
+    lacks). Its process lock is a semaphore shared with the parent, which the parent's holder releases;
+    the child forgets the parent's hold count on it (as ``multiprocessing`` does for its own children),
+    or the child's release would leave the semaphore taken and every process's next bar waiting."""
     TqdmDefaultWriteLock.th_lock = threading.RLock()
+    process_lock = getattr(TqdmDefaultWriteLock, "mp_lock", None)
+    after_fork = getattr(getattr(process_lock, "_semlock", None), "_after_fork", None)
+    if callable(after_fork):
+        after_fork()
     if "_lock" in vars(tqdm):
         tqdm.set_lock(TqdmDefaultWriteLock())
 

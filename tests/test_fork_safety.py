@@ -112,6 +112,9 @@ def test_a_child_forked_while_a_drawn_bar_is_locked_draws_its_own():
             terminal.flush()
 
         assert child_finishes(draw), "the forked child hung on tqdm's lock held by its parent's thread"
+        process_lock = tqdm.get_lock().locks[0]  # shared with the child: free again once it exited
+        assert process_lock.acquire(timeout=5), "the child left tqdm's process lock taken"
+        process_lock.release()
         drawn = b""
         while select.select([parent_side], [], [], 0.5)[0]:
             drawn += os.read(parent_side, 65536)
