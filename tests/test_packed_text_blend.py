@@ -6,6 +6,8 @@ same batches warm as cold; ``set_weights`` is refused (it needs every corpus's c
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -190,3 +192,35 @@ def test_set_weights_is_refused_by_name(corpora):
     state["weight_changes"] = [[0, [], [0.5, 0.5]]]
     with pytest.raises(ss.StateError, match="weight_changes"):
         ss.StreamLoader(blend_pack(corpora), num_workers=1).load_state_dict(state)
+
+
+@pytest.mark.slow
+def test_two_ranks_count_the_first_stages_together_and_deliver_every_token_once(tmp_path):
+    """torchrun, 2 ranks, gloo, thread workers, 2 epochs: every corpus's first stage is counted over the
+    ranks (each tokenizes a share), the rest beside training; equal steps; every token once per epoch."""
+    from collections import Counter
+    from pathlib import Path
+
+    from launch import check, launch
+
+    texts = [write_texts(tmp_path / "a", [[20, 7, 25, 10], [11, 30, 5], [30, 3, 9, 12]], seed=4),
+             write_texts(tmp_path / "b", [[18, 22, 9], [15, 12, 20, 8]], seed=5)]  # first stages: 2 row groups each
+    docs = [[[len(w) for w in t.split()] + [0] if t is not None else [] for t in corpus] for corpus in texts]
+    sequences = [-(-sum(len(d) for d in corpus) // 16) for corpus in docs]
+    check(launch(2, Path(__file__).parent / "frameworks" / "text_blend_job.py", "--a", str(tmp_path / "a"),
+                 "--b", str(tmp_path / "b"), "--weights", *map(str, sequences), "--num-samples", str(sum(sequences)),
+                 "--first-stage-bytes", "1200", "--report", str(tmp_path / "report"), "--epochs", "2"))
+    reports = [json.loads((tmp_path / "report" / f"rank{r}.json").read_text()) for r in range(2)]
+    assert reports[0]["stages"] >= 3
+    assert all(r["counted_texts"] for r in reports), "each rank counted a share of the first stages"
+    assert sum(r["counted_texts"] for r in reports) < sum(len(c) for c in texts) / 2, "only the first stages"
+    for epoch in range(2):
+        assert len(reports[0]["epochs"][epoch]) == len(reports[1]["epochs"][epoch]), "equal steps"
+        tokens_of: dict[tuple[int, int], Counter] = {}
+        for r in reports:
+            for batch in r["epochs"][epoch]:
+                for c, s, t in batch:
+                    tokens_of.setdefault((c, s), Counter())[t] += 1
+        for c, corpus in enumerate(docs):
+            for s, want in enumerate(corpus):
+                assert tokens_of.get((c, s), Counter()) == Counter(want), f"epoch {epoch}, corpus {c}, document {s}"

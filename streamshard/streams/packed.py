@@ -101,8 +101,11 @@ class PackedStream(WeightSteering, PlannedStream):
     waits for the count and gives the exact number, and ``sized=True`` makes ``len()`` do that.
     Counts are kept in the source's ``catalog_cache`` directory, keyed by file version and
     tokenizer identity, so a warm start reads one JSON file (``io/token_count_cache.py``) and plans the
-    same stages, hence the same batches. A single-corpus pack only: a blend of text corpora needs
-    every corpus's total to blend, so it counts everything first. Reading tokenizes again on the
+    same stages, hence the same batches. A blend of text corpora with an explicit ``num_samples`` is
+    planned in stages by its positions (``plan/blend_stages.py``: each stage the positions whose
+    sequences lie in every corpus's counted stages; ``set_epoch`` counts every corpus's first stage,
+    a background thread the rest; ``set_weights`` is refused there); one without ``num_samples``
+    takes its length from every corpus's total, so it counts everything first. Reading tokenizes again on the
     read-ahead threads, beside training, and checks each row group gives the counted tokens.
     No special token is added silently: a ``tokenizers.Tokenizer`` is called with
     ``add_special_tokens=False``; ``bos_id``/``eos_id`` put one token before/after every document.
@@ -122,12 +125,14 @@ class PackedStream(WeightSteering, PlannedStream):
             change whenever its output can change); without it a callable's counts are not cached.
             A ``tokenizers.Tokenizer`` is identified by the hash of its JSON and takes no name.
         first_stage_bytes: with ``tokenizer``, the compressed bytes of text (from the footers) in an
-            epoch's first counting stage, which ``set_epoch`` counts before the first step. Part of
-            the order (states record it).
-        sized: with ``tokenizer`` (a single corpus), whether ``len()`` is defined: None or False (the
-            default), no length, so training starts after the first stage; True, ``len()`` waits for
-            the whole count and gives the exact number (a framework's progress total, Lightning's
-            ``estimated_stepping_batches``). Other packs always have a length (False is refused).
+            epoch's first counting stage, which ``set_epoch`` counts before the first step (a blend
+            with ``num_samples``: shared by its corpora by their positions). Part of the order
+            (states record it).
+        sized: with ``tokenizer`` (a single corpus, or a blend with ``num_samples``), whether ``len()``
+            is defined: None or False (the default), no length, so training starts after the first
+            stage; True, ``len()`` waits for the whole count and gives the exact number (a framework's
+            progress total, Lightning's ``estimated_stepping_batches``). Other packs always have a
+            length (False is refused).
     """
 
     def __init__(self, source: ParquetStream | BlendedStream, column: str = "input_ids", seq_len: int = 2048,
