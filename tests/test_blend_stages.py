@@ -184,3 +184,26 @@ def test_the_first_plan_needs_only_the_first_stages_counted():
     upcoming = list(schedules[-1][0].upcoming_reads(0))  # read-ahead pauses where the next stage is not counted
     assert upcoming and {u for call in cold.calls for u in call} == first
     assert cold.stages[0].bound(0) > 0
+
+
+def test_positions_over_chunks_and_where_each_corpus_index_lies():
+    """The pieces of ``[a, b)`` over several position chunks, and ``BlendStages._occurrence`` (where a
+    corpus's m-th index of the epoch lies) against the map itself, in both orders, across chunks."""
+    from streamshard.plan.blend_plan import CHUNK
+    from streamshard.plan.blend_stages import position_pieces
+
+    n = 3 * CHUNK + 5
+    for a, b in [(0, n), (CHUNK - 3, 2 * CHUNK + 7), (5, 6), (7, 7)]:
+        pieces = position_pieces(a, b, n)
+        got = np.concatenate([np.arange(lo, hi) + rg * CHUNK for rg, lo, hi in
+                              zip(pieces.rg.tolist(), pieces.lo.tolist(), pieces.hi.tolist())] or [np.zeros(0)])
+        assert got.tolist() == list(range(a, b))
+    for order in ("fair", "shuffled"):
+        blend = BlendMap([0.7, 0.2, 0.1], n, order, 3, 1)
+        stages = BlendStages(blend, [None, None, None])
+        corpus, _ = blend.locate(np.arange(n, dtype=np.int64))
+        for k in range(3):
+            where = np.flatnonzero(corpus == k)
+            for m in (0, 1, 2, len(where) // 3, len(where) // 2 + 1, len(where) - 1):
+                assert stages._occurrence(k, m) == where[m], (order, k, m)
+            assert stages._occurrence(k, -4) == where[0] and stages._occurrence(k, len(where)) == n

@@ -166,9 +166,9 @@ class BlendStages:
         return self._bounds[i]
 
     def _occurrence(self, k: int, m: int) -> int:
-        """Where corpus ``k``'s ``m``-th index of the epoch (from 0) lies; ``N`` past its last."""
-        if m <= 0:
-            return 0
+        """Where corpus ``k``'s ``m``-th index of the epoch (from 0; its first below 0) lies; ``N`` past
+        its last: the end of the prefix of positions holding only its indices before ``m``."""
+        m = max(m, 0)
         if m >= int(self.blend.counts[k]):
             return self.num_samples
         lo, hi = m, self.num_samples  # the least x with m + 1 of corpus k among positions [0, x)
