@@ -224,3 +224,20 @@ def test_two_ranks_count_the_first_stages_together_and_deliver_every_token_once(
         for c, corpus in enumerate(docs):
             for s, want in enumerate(corpus):
                 assert tokens_of.get((c, s), Counter()) == Counter(want), f"epoch {epoch}, corpus {c}, document {s}"
+
+
+@pytest.mark.parametrize("texts, weight_a", [([None, None], 0.5), ([], 0.0)])
+def test_a_corpus_of_no_tokens_that_the_weights_give_positions_is_refused_by_name(corpora, tmp_path, texts, weight_a):
+    """Null texts, or no rows at all (the only corpus with positions: before, an epoch of no batches)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "empty").mkdir()
+    pq.write_table(pa.table({"text": pa.array(texts, pa.string())}), str(tmp_path / "empty" / "part.parquet"))
+    root = corpora[0]
+    sources = {"a": ss.ParquetStream(str(root / "a")), "nothing": ss.ParquetStream(str(tmp_path / "empty"))}
+    blend = ss.BlendedStream(sources, {"a": weight_a, "nothing": 0.5}, batch_size=999, num_samples=20, rank=0,
+                             world_size=1)
+    ps = ss.PackedStream(blend, column="text", seq_len=SEQ, batch_size=BATCH, tokenizer=word_level(), eos_id=EOS)
+    with pytest.raises(ValueError, match="corpus 'nothing' has no tokens but its weight gives it sequences"):
+        list(ss.StreamLoader(ps, num_workers=0))

@@ -143,7 +143,7 @@ class BlendStages:
         self.blend, self.corpora = blend, corpora
         self.num_samples = int(blend.schedule.num_samples)
         active = [c for c in corpora if c is not None]
-        self._len = max([len(c.stages) for c in active], default=1)
+        self._len = max([len(c.stages) for c in active] + [1])  # (corpora of no row groups: one stage, whole)
         self._bounds: dict[int, int] = {}
 
     def __len__(self) -> int:

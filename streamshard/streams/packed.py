@@ -679,7 +679,7 @@ class PackedStream(WeightSteering, PlannedStream):
         what = f"(the first stage of a blend's epoch {epoch})"
         for k, corpus in enumerate(corpora):
             ds = self.corpora[k]
-            if corpus is None:
+            if corpus is None or not len(corpus.stages):  # no positions, or no rows: nothing to count
                 continue
             first = corpus.stages.units(0)
             if current_worker()[1] == 0 and ds._splits_catalog():
