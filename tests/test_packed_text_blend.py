@@ -197,7 +197,8 @@ def test_set_weights_is_refused_by_name(corpora):
 @pytest.mark.slow
 def test_two_ranks_count_the_first_stages_together_and_deliver_every_token_once(tmp_path):
     """torchrun, 2 ranks, gloo, thread workers, 2 epochs: every corpus's first stage is counted over the
-    ranks (each tokenizes a share), the rest beside training; equal steps; every token once per epoch."""
+    ranks (each tokenizes a share), the later stages too, beside training (before: each rank counted all
+    of them alone); equal steps; every token once per epoch."""
     from collections import Counter
     from pathlib import Path
 
@@ -212,8 +213,12 @@ def test_two_ranks_count_the_first_stages_together_and_deliver_every_token_once(
                  "--first-stage-bytes", "1200", "--report", str(tmp_path / "report"), "--epochs", "2"))
     reports = [json.loads((tmp_path / "report" / f"rank{r}.json").read_text()) for r in range(2)]
     assert reports[0]["stages"] >= 3
-    assert all(r["counted_texts"] for r in reports), "each rank counted a share of the first stages"
-    assert sum(r["counted_texts"] for r in reports) < sum(len(c) for c in texts) / 2, "only the first stages"
+    present = sum(t is not None for corpus in texts for t in corpus)
+    assert all(r["first_stage_texts"] for r in reports), "each rank counted a share of the first stages"
+    assert sum(r["first_stage_texts"] for r in reports) < present / 2, "set_epoch counted only the first stages"
+    assert sum(r["counted_texts"] for r in reports) == present, f"each text tokenized once to count: {reports}"
+    later = [r["counted_texts"] - r["first_stage_texts"] for r in reports]
+    assert all(0 < n < sum(later) for n in later), f"both ranks counted a share of the later stages: {later}"
     for epoch in range(2):
         assert len(reports[0]["epochs"][epoch]) == len(reports[1]["epochs"][epoch]), "equal steps"
         tokens_of: dict[tuple[int, int], Counter] = {}

@@ -673,16 +673,18 @@ class PackedStream(WeightSteering, PlannedStream):
 
     def _count_blend_first_stage(self, epoch: int) -> None:
         """Count every corpus's first stage now (each split over the ranks, like the catalog), then the
-        later stages on a background thread, stage by stage over the corpora (each rank alone)."""
+        later stages beside training, stage by stage over the corpora: split over the ranks under a
+        default process group (``streams/stage_counting.py``), else on a background thread."""
         assert self.text is not None
         corpora, counts = self._corpus_tokens(), self._corpus_counts()
         what = f"(the first stage of a blend's epoch {epoch})"
+        distributed = current_worker()[1] == 0 and all(ds._splits_catalog() for ds in self.corpora)
         for k, corpus in enumerate(corpora):
             ds = self.corpora[k]
             if corpus is None or not len(corpus.stages):  # no positions, or no rows: nothing to count
                 continue
             first = corpus.stages.units(0)
-            if current_worker()[1] == 0 and ds._splits_catalog():
+            if distributed:
                 got = count_text_tokens(ds.catalog, ds.storage_options, self.column, self.text, ds.catalog_cache,
                                         distributed=True, group=ds._catalog_group, rgs=first,
                                         known=counts[k].tokens, what=what)
@@ -690,12 +692,51 @@ class PackedStream(WeightSteering, PlannedStream):
             elif not counts[k].counted(first):
                 missing = first[counts[k].tokens[first] < 0]
                 counts[k].fill(missing, self._count_corpus(k, missing, what, quiet=False))
+        split = distributed and all(ds._catalog_group is None for ds in self.corpora) \
+            and collective.process_group() is not None
+        service = rank_counting() if split else None
+        if service is not None:
+            # Every rank is here, in the same order: each corpus's later stages, stage i of every corpus
+            # before stage i + 1 of any, are split over the ranks by the counting group's thread.
+            rank, world = collective.process_group() or (0, 1)
+            for i in range(1, max((len(c.stages) for c in corpora if c is not None), default=0)):
+                for k, corpus in enumerate(corpora):
+                    if corpus is not None and i < len(corpus.stages):
+                        service.add(partial(
+                            count_later_stages, counts=corpus.counts, stages=_only_stage(corpus.stages, i),
+                            known=partial(self._known_corpus_counts, k), count_mine=partial(self._count_corpus_share, k),
+                            saved=partial(self._save_corpus_counts, k) if rank == 0 else lambda tokens: None,
+                            weights=self._text_weights(self.corpora[k].catalog),
+                            round_weight=float(world * self.first_stage_bytes)))
+            return
         running = self._counter is not None and self._counter.is_alive()
         whole = all(c is None or c.counts.counted(c.stages.order) for c in corpora)
         if current_worker()[1] == 0 and not running and not whole:
             self._counter = threading.Thread(target=_count_blend_stages, args=(corpora,), daemon=True,
                                              name="streamshard-count-blend-stages")
             self._counter.start()
+
+    def _known_corpus_counts(self, k: int) -> np.ndarray:
+        """Corpus ``k``'s counts in this process, the cache's where it has none (``_known_counts``'s twin)."""
+        assert self.text is not None
+        ds, tokens = self.corpora[k], self._corpus_counts()[k].tokens.copy()
+        if not (ds.catalog_cache and self.text.identity):
+            return tokens
+        cached = TokenCountCache(ds.catalog_cache, self.text.identity, self.column).load(ds.catalog)
+        return np.where(tokens >= 0, tokens, cached)
+
+    def _count_corpus_share(self, k: int, rgs: np.ndarray) -> np.ndarray:
+        """Count corpus ``k``'s ``rgs`` here, alone (this rank's share of a later stage split over the ranks)."""
+        assert self.text is not None
+        ds = self.corpora[k]
+        return count_text_tokens(ds.catalog, ds.storage_options, self.column, self.text, None, quiet=True, rgs=rgs,
+                                 what="(this rank's share of a blend's later stage, beside training)")[rgs]
+
+    def _save_corpus_counts(self, k: int, tokens: np.ndarray) -> None:
+        assert self.text is not None
+        ds = self.corpora[k]
+        if ds.catalog_cache and self.text.identity:
+            TokenCountCache(ds.catalog_cache, self.text.identity, self.column).save(ds.catalog, tokens)
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
@@ -761,6 +802,14 @@ class PackedStream(WeightSteering, PlannedStream):
 _NO_STEERING = ("set_weights on a packed blend of text corpora with num_samples is not supported: its positions are "
                 "planned in stages as the corpora are counted, and changing weights needs every corpus's sequence "
                 "count (a blend without num_samples, counted whole first, can be steered)")
+
+
+def _only_stage(stages: Stages, i: int) -> Stages:
+    """Stage ``i`` of ``stages`` as the one later stage (stage 1) of a ``Stages`` of its own, for
+    ``stage_counting.count_later_stages`` (which counts stages 1.. of what it is given; its log then
+    says "stage 1 of 2")."""
+    units = stages.units(i)
+    return Stages(units, np.array([0, 0, len(units)], dtype=np.int64))
 
 
 def _count_blend_stages(corpora: list[CorpusTokens | None]) -> None:

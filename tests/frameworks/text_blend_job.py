@@ -4,9 +4,11 @@
         --num-samples N --report REP
 
 Each rank builds ``PackedStream(BlendedStream(...), tokenizer=...)`` with a callable that counts the texts
-it is given, calls ``set_epoch(0)`` (every corpus's first stage counted over the ranks), iterates
-``--epochs`` epochs with thread workers and writes a JSON report: the texts it tokenized in
-``set_epoch``, the stages, and every real token as (corpus, sample_id, token) per batch.
+it is given to count (on the counting threads, not reading), calls ``set_epoch(0)`` (every corpus's first
+stage counted over the ranks, the later stages split over the ranks beside training), waits until every
+stage is counted (so training never counts one itself), iterates ``--epochs`` epochs with thread workers
+and writes a JSON report: the texts it tokenized to count in ``set_epoch`` and in all, the stages, and
+every real token as (corpus, sample_id, token) per batch.
 """
 
 from __future__ import annotations
@@ -14,6 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import threading
+import time
+
+import numpy as np
 
 import torch.distributed as dist
 
@@ -22,10 +28,12 @@ import streamshard as ss
 
 class Lengths:
     def __init__(self) -> None:
-        self.texts = 0
+        self.texts, self.lock = 0, threading.Lock()
 
     def __call__(self, batch: list[str]) -> list[list[int]]:
-        self.texts += len(batch)
+        if threading.current_thread().name.startswith("streamshard-count"):  # counting, not reading
+            with self.lock:
+                self.texts += len(batch)
         return [[len(word) for word in text.split()] for text in batch]
 
 
@@ -48,7 +56,10 @@ def main() -> None:
     ps = ss.PackedStream(blend, column="text", seq_len=16, batch_size=2, tokenizer=tokenizer, eos_id=0,
                          first_stage_bytes=args.first_stage_bytes)
     ps.set_epoch(0)
-    counted = tokenizer.texts
+    first = tokenizer.texts
+    deadline = time.monotonic() + 60
+    while not all(c.counted(np.arange(len(c.tokens))) for c in ps._corpus_counts()) and time.monotonic() < deadline:
+        time.sleep(0.02)
     loader = ss.StreamLoader(ps, num_workers=2, workers="threads")
     epochs = []
     for _ in range(args.epochs):
@@ -59,7 +70,7 @@ def main() -> None:
         epochs.append(batches)
     os.makedirs(args.report, exist_ok=True)
     with open(os.path.join(args.report, f"rank{rank}.json"), "w") as f:
-        json.dump({"counted_texts": counted, "epochs": epochs, "stages": len(ps.planner.stages(0))}, f)
+        json.dump({"first_stage_texts": first, "counted_texts": tokenizer.texts, "epochs": epochs, "stages": len(ps.planner.stages(0))}, f)
     dist.destroy_process_group()
 
 
