@@ -104,7 +104,7 @@ class PackedStream(WeightSteering, PlannedStream):
     same stages, hence the same batches. A blend of text corpora with an explicit ``num_samples`` is
     planned in stages by its positions (``plan/blend_stages.py``: each stage the positions whose
     sequences lie in every corpus's counted stages; ``set_epoch`` counts every corpus's first stage,
-    a background thread the rest; ``set_weights`` is refused there); one without ``num_samples``
+    the rest is counted beside training, split over the ranks as above; ``set_weights`` is refused there); one without ``num_samples``
     takes its length from every corpus's total, so it counts everything first. Reading tokenizes again on the
     read-ahead threads, beside training, and checks each row group gives the counted tokens.
     No special token is added silently: a ``tokenizers.Tokenizer`` is called with
