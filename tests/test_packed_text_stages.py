@@ -316,7 +316,7 @@ def test_a_text_stream_has_no_len_so_frameworks_need_no_count_and_sized_true_wai
     assert len(sized) == len(delivered) == len(list(sized))
     with pytest.raises(ValueError, match="sized must be True, False or None"):
         ss.PackedStream(ss.ParquetStream(path), column="text", tokenizer=word_level(), sized="yes")
-    with pytest.raises(ValueError, match="sized=False is for a single raw-text corpus"):
+    with pytest.raises(ValueError, match="sized=False is for a raw-text corpus"):
         ss.PackedStream(ss.BlendedStream({"a": ss.ParquetStream(path), "b": ss.ParquetStream(path)}, {"a": 1.0, "b": 1.0}, 4),
                         column="text", tokenizer=word_level(), sized=False)
 
