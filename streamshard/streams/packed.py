@@ -49,7 +49,6 @@ from ..plan.validate import check_int
 
 log = logging.getLogger("streamshard")
 TOKENS = "input_ids"  # the batch key of the ids of a tokenized text column
-log = logging.getLogger("streamshard")
 FIRST_STAGE_BYTES = 8 << 20  # compressed text in a cold text epoch's first counting stage: a few seconds to count
 
 
@@ -490,7 +489,7 @@ class PackedStream(WeightSteering, PlannedStream):
             elif self._staged_blend:  # num_tokens: waits for every corpus's count
                 self._tokens = [c.of(np.arange(len(c.tokens), dtype=np.int64)) for c in self._corpus_counts()]
             else:
-                self._tokens = [self._count_text(f"corpus-{i}", ds) for i, ds in enumerate(self.corpora)]
+                self._tokens = [self._count_text(_share_name(i), ds) for i, ds in enumerate(self.corpora)]
         return self._tokens
 
     def _column_dtypes(self) -> dict[str, np.dtype]:
@@ -530,33 +529,41 @@ class PackedStream(WeightSteering, PlannedStream):
     def _stage_counts(self) -> StageCounts:
         """The token counts, as far as counted: the cache's at first (this process's view of it)."""
         if self._counts is None:
-            assert self.text is not None
-            ds = self.source
-            self._column_dtypes()
-            cache = self._count_cache()
-            known = cache.load(ds.catalog) if cache is not None else None
-            self._counts = StageCounts(ds.catalog.rg_file, self._count_stage, known)
+            self._counts = self._new_counts(0)
         return self._counts
 
-    def _count_cache(self) -> TokenCountCache | None:
+    def _new_counts(self, k: int, known: np.ndarray | None = None) -> StageCounts:
+        """Corpus ``k``'s token counts: ``known`` (a pickled copy's), else the cache's (this process's view)."""
+        ds = self.corpora[k]
+        if known is None:  # first made here: check the column first (a pickled copy's parent did)
+            self._column_dtypes()
+            cache = self._count_cache(k)
+            known = cache.load(ds.catalog) if cache is not None else None
+        return StageCounts(ds.catalog.rg_file, partial(self._count_corpus, k), known)
+
+    def _counts_of(self, k: int) -> StageCounts:
+        """Corpus ``k``'s counts in stages (a single corpus's, or a staged blend's corpus ``k``'s)."""
+        return self._stage_counts() if self._staged else self._corpus_counts()[k]
+
+    def _count_cache(self, k: int = 0) -> TokenCountCache | None:
         assert self.text is not None
-        ds = self.source
+        ds = self.corpora[k]
         return TokenCountCache(ds.catalog_cache, self.text.identity, self.column) \
             if ds.catalog_cache and self.text.identity else None
 
-    def _count_stage(self, rgs: np.ndarray, what: str = "(a later stage of the epoch, beside training)",
-                     quiet: bool = True) -> np.ndarray:
-        """Count row groups a plan needs in this process: what another worker process of this pack
-        counted (``io/count_share.py``), then the cache again (another run may have counted them), then
-        tokenizing what it lacks; saved for the next run."""
+    def _count_corpus(self, k: int, rgs: np.ndarray, what: str = "(a later stage of the epoch, beside training)",
+                      quiet: bool = True) -> np.ndarray:
+        """Count corpus ``k``'s row groups a plan needs in this process: what another worker process of
+        this pack counted (``io/count_share.py``), then the cache again (another run may have counted
+        them), then tokenizing what it lacks; saved for the next run."""
         assert self.text is not None
-        ds, text = self.source, self.text
+        ds, text = self.corpora[k], self.text
 
         def count(missing: np.ndarray) -> np.ndarray:
             return count_text_tokens(ds.catalog, ds.storage_options, self.column, text, ds.catalog_cache,
                                      quiet=quiet, rgs=missing, what=what)[missing]
 
-        return self._shared_count("source", rgs, ds, count)
+        return self._shared_count(_share_name(k), rgs, ds, count)
 
     def _shared_count(self, name: str, rgs: np.ndarray, ds: ParquetStream,
                       count: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
@@ -573,18 +580,9 @@ class PackedStream(WeightSteering, PlannedStream):
         counts, stages = self._stage_counts(), self._epoch_stages(epoch)
         if not len(stages):
             return
-        first, ds = stages.units(0), self.source
+        ds = self.source
         distributed = current_worker()[1] == 0 and ds._splits_catalog()
-        what = f"(the first of {len(stages)} stages of epoch {epoch})"
-        # Split over the ranks, every rank joins, whatever it holds (rank 0's view decides what is left to count).
-        if distributed:
-            got = count_text_tokens(ds.catalog, ds.storage_options, self.column, self.text, ds.catalog_cache,
-                                    distributed=distributed, group=ds._catalog_group, rgs=first, known=counts.tokens,
-                                    what=what)
-            counts.fill(first, got[first])
-        elif not counts.counted(first):
-            missing = first[counts.tokens[first] < 0]
-            counts.fill(missing, self._count_stage(missing, what, quiet=False))
+        self._count_first(0, stages.units(0), distributed, f"(the first of {len(stages)} stages of epoch {epoch})")
         place = collective.process_group(ds._catalog_group) if distributed else None
         service = rank_counting(ds._catalog_group) if place is not None else None
         if service is not None:
@@ -592,8 +590,8 @@ class PackedStream(WeightSteering, PlannedStream):
             # later stages are split over its ranks by the counting group's thread, in the order of these calls.
             rank, world = place
             service.add(partial(
-                count_later_stages, counts=counts, stages=stages, known=self._known_counts,
-                count_mine=self._count_rank_share, saved=partial(self._stage_counted, cache=rank == 0),
+                count_later_stages, counts=counts, stages=stages, known=partial(self._known_counts, 0),
+                count_mine=partial(self._count_rank_share, 0), saved=partial(self._stage_counted, cache=rank == 0),
                 weights=self._text_weights(), round_weight=float(world * self.first_stage_bytes),
                 claim=self._claim_for_workers(stages)))
             return
@@ -603,15 +601,29 @@ class PackedStream(WeightSteering, PlannedStream):
                                              name="streamshard-count-stages")
             self._counter.start()
 
-    def _known_counts(self) -> np.ndarray:
-        """This process's counts, the cache's and its worker processes' where it has none (another
-        process may have counted them)."""
-        tokens, cache = self._stage_counts().tokens.copy(), self._count_cache()
+    def _count_first(self, k: int, first: np.ndarray, distributed: bool, what: str) -> None:
+        """Count corpus ``k``'s first stage ``first`` now: split over the ranks (``distributed``: every rank
+        joins, whatever it holds; rank 0's view decides what is left to count), else what this process lacks."""
+        assert self.text is not None
+        counts, ds = self._counts_of(k), self.corpora[k]
+        if distributed:
+            got = count_text_tokens(ds.catalog, ds.storage_options, self.column, self.text, ds.catalog_cache,
+                                    distributed=True, group=ds._catalog_group, rgs=first, known=counts.tokens,
+                                    what=what)
+            counts.fill(first, got[first])
+        elif not counts.counted(first):
+            missing = first[counts.tokens[first] < 0]
+            counts.fill(missing, self._count_corpus(k, missing, what, quiet=False))
+
+    def _known_counts(self, k: int) -> np.ndarray:
+        """Corpus ``k``'s counts in this process, the cache's and its worker processes' where it has none
+        (another process may have counted them)."""
+        tokens, cache = self._counts_of(k).tokens.copy(), self._count_cache(k)
         if cache is not None:
-            tokens = np.where(tokens >= 0, tokens, cache.load(self.source.catalog))
+            tokens = np.where(tokens >= 0, tokens, cache.load(self.corpora[k].catalog))
         if self._count_share.started():
             try:
-                tokens = np.where(tokens >= 0, tokens, self._count_share.table("source", len(tokens)))
+                tokens = np.where(tokens >= 0, tokens, self._count_share.table(_share_name(k), len(tokens)))
             except (OSError, CatalogError) as exc:  # counted here instead (the split must go on in step)
                 log.warning("the token counts of this rank's worker processes are not used: %s", exc)
         return tokens
@@ -625,7 +637,7 @@ class PackedStream(WeightSteering, PlannedStream):
         if len(stages) < 2 or self._stage_counts().counted(stages.order):
             return None
         try:
-            return self._count_share.claim("source", stages.order[stages.bounds[1]:])
+            return self._count_share.claim(_share_name(0), stages.order[stages.bounds[1]:])
         except OSError as exc:
             log.warning("this rank's worker processes count the later text stages themselves: no claim in %s "
                         "(%s: %s)", self._count_share.directory, type(exc).__name__, exc)
@@ -636,53 +648,33 @@ class PackedStream(WeightSteering, PlannedStream):
         group saves) and published for this process's worker processes, if it has any (they may wait
         for it). Never raises past a warning: the split's other ranks go on regardless."""
         if cache:
-            self._save_counts(tokens)
+            self._save_counts(0, tokens)
         if self._count_share.copied():
             try:
-                self._count_share.publish("source", tokens)
+                self._count_share.publish(_share_name(0), tokens)
             except OSError as exc:
                 log.warning("the token counts of a later text stage are not shared with this rank's worker "
                             "processes (%s: %s): they count it themselves", type(exc).__name__, exc)
 
-    def _count_rank_share(self, rgs: np.ndarray) -> np.ndarray:
-        """Count ``rgs`` here, alone (this rank's share of a stage split over the ranks)."""
+    def _count_rank_share(self, k: int, rgs: np.ndarray) -> np.ndarray:
+        """Count corpus ``k``'s ``rgs`` here, alone (this rank's share of a stage split over the ranks)."""
         assert self.text is not None
-        ds = self.source
+        ds = self.corpora[k]
         counts = count_text_tokens(ds.catalog, ds.storage_options, self.column, self.text, None, quiet=True,
                                    rgs=rgs, what="(this rank's share of a later stage, beside training)")
         return counts[rgs]
 
-    def _save_counts(self, tokens: np.ndarray) -> None:
-        cache = self._count_cache()
+    def _save_counts(self, k: int, tokens: np.ndarray) -> None:
+        cache = self._count_cache(k)
         if cache is not None:
-            cache.save(self.source.catalog, tokens)
+            cache.save(self.corpora[k].catalog, tokens)
 
     # -- a blend of text corpora with num_samples, in stages (plan/blend_stages.py) -------------------
     def _corpus_counts(self) -> list[StageCounts]:
         """Each corpus's token counts as far as counted (the cache's at first)."""
         if self._blend_counts is None:
-            assert self.text is not None
-            self._column_dtypes()
-            counts = []
-            for k, ds in enumerate(self.corpora):
-                cache = TokenCountCache(ds.catalog_cache, self.text.identity, self.column) \
-                    if ds.catalog_cache and self.text.identity else None
-                known = cache.load(ds.catalog) if cache is not None else None
-                counts.append(StageCounts(ds.catalog.rg_file, partial(self._count_corpus, k), known))
-            self._blend_counts = counts
+            self._blend_counts = [self._new_counts(k) for k in range(len(self.corpora))]
         return self._blend_counts
-
-    def _count_corpus(self, k: int, rgs: np.ndarray, what: str = "(a later stage of a blend, beside training)",
-                      quiet: bool = True) -> np.ndarray:
-        """Count corpus ``k``'s row groups ``rgs`` in this process (``_count_stage`` for a blend's corpus)."""
-        assert self.text is not None
-        ds, text = self.corpora[k], self.text
-
-        def count(missing: np.ndarray) -> np.ndarray:
-            return count_text_tokens(ds.catalog, ds.storage_options, self.column, text, ds.catalog_cache,
-                                     quiet=quiet, rgs=missing, what=what)[missing]
-
-        return self._shared_count(f"corpus-{k}", rgs, ds, count)
 
     def _corpus_tokens(self) -> list[CorpusTokens | None]:
         """Each corpus's sequences located from its counts (None: a corpus the blend gives no position);
@@ -715,22 +707,11 @@ class PackedStream(WeightSteering, PlannedStream):
         later stages beside training, stage by stage over the corpora: split over the ranks under a
         default process group (``streams/stage_counting.py``), else on a background thread."""
         assert self.text is not None
-        corpora, counts = self._corpus_tokens(), self._corpus_counts()
-        what = f"(the first stage of a blend's epoch {epoch})"
+        corpora = self._corpus_tokens()
         distributed = current_worker()[1] == 0 and all(ds._splits_catalog() for ds in self.corpora)
         for k, corpus in enumerate(corpora):
-            ds = self.corpora[k]
-            if corpus is None or not len(corpus.stages):  # no positions, or no rows: nothing to count
-                continue
-            first = corpus.stages.units(0)
-            if distributed:
-                got = count_text_tokens(ds.catalog, ds.storage_options, self.column, self.text, ds.catalog_cache,
-                                        distributed=True, group=ds._catalog_group, rgs=first,
-                                        known=counts[k].tokens, what=what)
-                counts[k].fill(first, got[first])
-            elif not counts[k].counted(first):
-                missing = first[counts[k].tokens[first] < 0]
-                counts[k].fill(missing, self._count_corpus(k, missing, what, quiet=False))
+            if corpus is not None and len(corpus.stages):  # else no positions, or no rows: nothing to count
+                self._count_first(k, corpus.stages.units(0), distributed, f"(the first stage of a blend's epoch {epoch})")
         split = distributed and all(ds._catalog_group is None for ds in self.corpora) \
             and collective.process_group() is not None
         service = rank_counting() if split else None
@@ -743,8 +724,8 @@ class PackedStream(WeightSteering, PlannedStream):
                     if corpus is not None and i < len(corpus.stages):
                         service.add(partial(
                             count_later_stages, counts=corpus.counts, stages=_only_stage(corpus.stages, i),
-                            known=partial(self._known_corpus_counts, k), count_mine=partial(self._count_corpus_share, k),
-                            saved=partial(self._save_corpus_counts, k) if rank == 0 else lambda tokens: None,
+                            known=partial(self._known_counts, k), count_mine=partial(self._count_rank_share, k),
+                            saved=partial(self._save_counts, k) if rank == 0 else lambda tokens: None,
                             weights=self._text_weights(self.corpora[k].catalog),
                             round_weight=float(world * self.first_stage_bytes)))
             return
@@ -754,28 +735,6 @@ class PackedStream(WeightSteering, PlannedStream):
             self._counter = threading.Thread(target=_count_blend_stages, args=(corpora,), daemon=True,
                                              name="streamshard-count-blend-stages")
             self._counter.start()
-
-    def _known_corpus_counts(self, k: int) -> np.ndarray:
-        """Corpus ``k``'s counts in this process, the cache's where it has none (``_known_counts``'s twin)."""
-        assert self.text is not None
-        ds, tokens = self.corpora[k], self._corpus_counts()[k].tokens.copy()
-        if not (ds.catalog_cache and self.text.identity):
-            return tokens
-        cached = TokenCountCache(ds.catalog_cache, self.text.identity, self.column).load(ds.catalog)
-        return np.where(tokens >= 0, tokens, cached)
-
-    def _count_corpus_share(self, k: int, rgs: np.ndarray) -> np.ndarray:
-        """Count corpus ``k``'s ``rgs`` here, alone (this rank's share of a later stage split over the ranks)."""
-        assert self.text is not None
-        ds = self.corpora[k]
-        return count_text_tokens(ds.catalog, ds.storage_options, self.column, self.text, None, quiet=True, rgs=rgs,
-                                 what="(this rank's share of a blend's later stage, beside training)")[rgs]
-
-    def _save_corpus_counts(self, k: int, tokens: np.ndarray) -> None:
-        assert self.text is not None
-        ds = self.corpora[k]
-        if ds.catalog_cache and self.text.identity:
-            TokenCountCache(ds.catalog_cache, self.text.identity, self.column).save(ds.catalog, tokens)
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
@@ -793,10 +752,9 @@ class PackedStream(WeightSteering, PlannedStream):
         blend_known = state.pop("_blend_known", None)
         self.__dict__.update(state)
         if known is not None:
-            self._counts = StageCounts(self.source.catalog.rg_file, self._count_stage, known)
+            self._counts = self._new_counts(0, known)
         if blend_known is not None:
-            self._blend_counts = [StageCounts(ds.catalog.rg_file, partial(self._count_corpus, k), tokens)
-                                  for k, (ds, tokens) in enumerate(zip(self.corpora, blend_known))]
+            self._blend_counts = [self._new_counts(k, tokens) for k, tokens in enumerate(blend_known)]
 
     def _count_text(self, name: str, ds: ParquetStream) -> np.ndarray:
         """Tokens per row group of one of a blend's text corpora: split over the ranks where they form a
@@ -841,6 +799,12 @@ class PackedStream(WeightSteering, PlannedStream):
 _NO_STEERING = ("set_weights on a packed blend of text corpora with num_samples is not supported: its positions are "
                 "planned in stages as the corpora are counted, and changing weights needs every corpus's sequence "
                 "count (a blend without num_samples, counted whole first, can be steered)")
+
+
+def _share_name(k: int) -> str:
+    """The name of corpus ``k``'s counts in the pack's count share (by index: a corpus's name may hold any
+    character, and a single corpus is corpus 0)."""
+    return f"corpus-{k}"
 
 
 def _only_stage(stages: Stages, i: int) -> Stages:
