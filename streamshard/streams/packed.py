@@ -462,7 +462,7 @@ class PackedStream(WeightSteering, PlannedStream):
         """A text row group tokenized (on the read-ahead thread that read it), checked against its count."""
         assert self.text is not None
         catalog = self.corpora[k].catalog
-        tokens = (self._stage_counts().tokens if self._staged else self._corpus_counts()[k].tokens if self._staged_blend
+        tokens = (self._counts_of(k).tokens if self._staged or self._staged_blend
                   else self._token_counts()[k])  # counted when planned
         file_index, index = int(catalog.rg_file[rg]), int(catalog.rg_index[rg])
         where = f"{catalog.urls[file_index]}: row group {index}"
@@ -483,11 +483,9 @@ class PackedStream(WeightSteering, PlannedStream):
             self._column_dtypes()
             if self.text is None:
                 self._tokens = [token_counts(ds.catalog, self.column) for ds in self.corpora]
-            elif self._staged:  # every stage (len(), num_tokens): waits for the count
-                counts = self._stage_counts()
-                self._tokens = [counts.of(np.arange(len(counts.tokens), dtype=np.int64))]
-            elif self._staged_blend:  # num_tokens: waits for every corpus's count
-                self._tokens = [c.of(np.arange(len(c.tokens), dtype=np.int64)) for c in self._corpus_counts()]
+            elif self._staged or self._staged_blend:  # every stage (len(), num_tokens): waits for the count
+                self._tokens = [self._counts_of(k).of(np.arange(len(self._counts_of(k).tokens), dtype=np.int64))
+                                for k in range(len(self.corpora))]
             else:
                 self._tokens = [self._count_text(_share_name(i), ds) for i, ds in enumerate(self.corpora)]
         return self._tokens
