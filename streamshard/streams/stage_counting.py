@@ -69,13 +69,13 @@ class RankCounting:
     """The counting group of a process group (the default one or a mesh's data-parallel one) and the
     daemon thread issuing its collectives."""
 
-    def __init__(self, parent: Any, group: Any = None) -> None:
+    def __init__(self, parent: Any) -> None:
         import torch.distributed as dist
 
         # the group it was made for (a new init_process_group or mesh: a new one)
         self.parent = weakref.ref(parent)
         self.ranks = tuple(dist.get_process_group_ranks(parent))  # global ranks, in group rank order
-        self.rank, self.world, self.pid = dist.get_rank(group), dist.get_world_size(group), os.getpid()
+        self.rank, self.world, self.pid = dist.get_rank(parent), dist.get_world_size(parent), os.getpid()
         # A gloo backend of our own over the default store, not a registered group: the training's
         # destroy_process_group() (often called while this thread still counts) leaves it working, so
         # the exit below can leave it in step with the other ranks. Its prefix is the group's own: the
@@ -154,7 +154,7 @@ def rank_counting(group: Any = None) -> RankCounting | None:
             if service.parent() is parent:
                 return service
         try:
-            service = RankCounting(parent, group)
+            service = RankCounting(parent)
         except Exception as exc:  # noqa: BLE001 - e.g. gloo cannot find a network interface: count alone
             log.warning("the later text stages are counted by each rank alone: no gloo group for counting "
                         "(%s: %s)", type(exc).__name__, exc)
