@@ -23,8 +23,10 @@ token counts, every real token as (sample_id, token) per batch.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
+import signal
 import threading
 import time
 
@@ -50,6 +52,7 @@ class Lengths:
 
 
 def main() -> None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # tests/launch.py on a timeout: where it waits
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True)
     parser.add_argument("--report", required=True)
