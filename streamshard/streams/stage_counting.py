@@ -95,7 +95,10 @@ class RankCounting:
         self._jobs.put(job)
 
     def _run(self) -> None:
-        while not self.leaving.is_set():
+        # Every job runs, exiting or not: a job leaves the group at its first gather, in step with the
+        # other ranks (a rank that skipped jobs on its own exit left the others waiting in their gather
+        # for as long as its process lived), and finds the group left in the jobs after it.
+        while True:
             job = self._jobs.get()
             if job is None:
                 return
@@ -194,27 +197,27 @@ def _count_later_stages(service: RankCounting, counts: StageCounts, stages: Stag
                         weights: np.ndarray, round_weight: float, claim: Claim | None) -> None:
     beat = claim.beat if claim is not None else (lambda: None)
     for k in range(1, len(stages)):
-        if service.leaving.is_set():
-            return  # the process is exiting: nothing here needs the counts any more
+        # No return here on this rank's own exit: whether a stage's gathers happen is decided from
+        # gathered data only (its first gather says this rank is leaving, and every rank leaves there).
         units = stages.units(k)
         if service.failed is None:
             try:
                 with counts.claimed(units):
-                    counts.fill(units, count_over_ranks(units, known(), count_mine, service.gather,
+                    counts.fill(units, count_over_ranks(units, _known(known, counts), count_mine, service.gather,
                                                         (service.rank, service.world), weights, round_weight,
                                                         service.leaving.is_set, beat))
-                saved(counts.tokens)
+                _keep(saved, counts)
                 continue
             except CollectiveFailed as exc:
                 if exc.counts is not None:  # this rank's share and the shares gathered before: kept
                     counts.fill(units, exc.counts[units])
                     _keep(saved, counts)  # and shared with the workers before the claim goes
                 service.leave(exc.__cause__ or exc)
-                if service.leaving.is_set():
-                    return
             except Exception as exc:  # noqa: BLE001 - training counts the stage itself when it gets there
                 _stage_failed(k, stages, exc)
                 return
+        if service.leaving.is_set():
+            return  # the group is left (in step, or before): an exiting process counts nothing alone
         if claim is not None:
             claim.release()  # counted alone from here, as the workers may count: through their share's lock
         try:
@@ -232,6 +235,18 @@ def count_later_stages_alone(counts: StageCounts, stages: Stages) -> None:
         except Exception as exc:  # noqa: BLE001 - training counts the stage itself when it gets there
             _stage_failed(k, stages, exc)
             return
+
+
+def _known(known: Callable[[], np.ndarray], counts: StageCounts) -> np.ndarray:
+    """This rank's counts for a split (``known()``), or only those in hand where that fails. Never
+    raises: a rank whose job ended on an error of its own would leave the others waiting in a gather
+    (only a count's failure, which every rank learns at the same gather, ends a job on every rank)."""
+    try:
+        return known()
+    except Exception as exc:  # noqa: BLE001 - what is not known here is counted again, in the split
+        log.warning("token counts of the cache or of this rank's worker processes not used (%s: %s)",
+                    type(exc).__name__, exc)
+        return counts.tokens.copy()
 
 
 def _keep(saved: Callable[[np.ndarray], None], counts: StageCounts) -> None:
