@@ -40,6 +40,12 @@ import streamshard as ss
 class Lengths:
     def __init__(self, slow: float, log: str) -> None:
         self.texts, self.slow, self.lock, self.log = 0, slow, threading.Lock(), log
+        # A DataLoader worker forked while a counting thread of its parent holds the lock must not
+        # inherit it held (it would wait forever for a thread it does not have, if it ever counted).
+        os.register_at_fork(after_in_child=self._fresh_lock)
+
+    def _fresh_lock(self) -> None:
+        self.lock = threading.Lock()
 
     def __call__(self, batch: list[str]) -> list[list[int]]:
         if threading.current_thread().name.startswith("streamshard-count"):  # counting, not reading
