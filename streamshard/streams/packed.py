@@ -642,17 +642,18 @@ class PackedStream(WeightSteering, PlannedStream):
             return None
 
     def _stage_counted(self, tokens: np.ndarray, cache: bool) -> None:
-        """A stage split over the ranks is counted: saved to the count cache (``cache``: one rank of the
-        group saves) and published for this process's worker processes, if it has any (they may wait
-        for it). Never raises past a warning: the split's other ranks go on regardless."""
-        if cache:
-            self._save_counts(0, tokens)
+        """A stage split over the ranks is counted: published for this process's worker processes, if it
+        has any (they may wait for it), then saved to the count cache (``cache``: one rank of the group
+        saves). A cache that cannot be written raises, after the publishing: the counting job keeps
+        it to a warning (``streams/stage_counting.py``), and the split goes on."""
         if self._count_share.copied():
             try:
                 self._count_share.publish(_share_name(0), tokens)
             except OSError as exc:
                 log.warning("the token counts of a later text stage are not shared with this rank's worker "
                             "processes (%s: %s): they count it themselves", type(exc).__name__, exc)
+        if cache:
+            self._save_counts(0, tokens)
 
     def _count_rank_share(self, k: int, rgs: np.ndarray) -> np.ndarray:
         """Count corpus ``k``'s ``rgs`` here, alone (this rank's share of a stage split over the ranks)."""
