@@ -194,12 +194,9 @@ def test_set_weights_is_refused_by_name(corpora):
         ss.StreamLoader(blend_pack(corpora), num_workers=1).load_state_dict(state)
 
 
-@pytest.mark.slow
-def test_two_ranks_count_the_first_stages_together_and_deliver_every_token_once(tmp_path):
-    """torchrun, 2 ranks, gloo, thread workers, 2 epochs: every corpus's first stage is counted over the
-    ranks (each tokenizes a share), the later stages too, beside training (before: each rank counted all
-    of them alone); equal steps; every token once per epoch."""
-    from collections import Counter
+def _blend_job(tmp_path, *args, epochs=2):
+    """torchrun, 2 ranks: ``frameworks/text_blend_job.py`` over two text corpora whose first stages hold 2
+    row groups each. Returns (texts per corpus, documents' tokens per corpus, the rank reports)."""
     from pathlib import Path
 
     from launch import check, launch
@@ -210,16 +207,16 @@ def test_two_ranks_count_the_first_stages_together_and_deliver_every_token_once(
     sequences = [-(-sum(len(d) for d in corpus) // 16) for corpus in docs]
     check(launch(2, Path(__file__).parent / "frameworks" / "text_blend_job.py", "--a", str(tmp_path / "a"),
                  "--b", str(tmp_path / "b"), "--weights", *map(str, sequences), "--num-samples", str(sum(sequences)),
-                 "--first-stage-bytes", "1200", "--report", str(tmp_path / "report"), "--epochs", "2"))
+                 "--first-stage-bytes", "1200", "--report", str(tmp_path / "report"), "--epochs", str(epochs), *args,
+                 timeout=150))
     reports = [json.loads((tmp_path / "report" / f"rank{r}.json").read_text()) for r in range(2)]
-    assert reports[0]["stages"] >= 3
-    present = sum(t is not None for corpus in texts for t in corpus)
-    assert all(r["first_stage_texts"] for r in reports), "each rank counted a share of the first stages"
-    assert sum(r["first_stage_texts"] for r in reports) < present / 2, "set_epoch counted only the first stages"
-    assert sum(r["counted_texts"] for r in reports) == present, f"each text tokenized once to count: {reports}"
-    later = [r["counted_texts"] - r["first_stage_texts"] for r in reports]
-    assert all(0 < n < sum(later) for n in later), f"both ranks counted a share of the later stages: {later}"
-    for epoch in range(2):
+    return texts, docs, reports
+
+
+def _every_token_once_with_equal_steps(reports, docs, epochs: int) -> None:
+    from collections import Counter
+
+    for epoch in range(epochs):
         assert len(reports[0]["epochs"][epoch]) == len(reports[1]["epochs"][epoch]), "equal steps"
         tokens_of: dict[tuple[int, int], Counter] = {}
         for r in reports:
@@ -229,6 +226,42 @@ def test_two_ranks_count_the_first_stages_together_and_deliver_every_token_once(
         for c, corpus in enumerate(docs):
             for s, want in enumerate(corpus):
                 assert tokens_of.get((c, s), Counter()) == Counter(want), f"epoch {epoch}, corpus {c}, document {s}"
+
+
+@pytest.mark.slow
+def test_two_ranks_count_the_first_stages_together_and_deliver_every_token_once(tmp_path):
+    """torchrun, 2 ranks, gloo, thread workers, 2 epochs: every corpus's first stage is counted over the
+    ranks (each tokenizes a share), the later stages too, beside training (before: each rank counted all
+    of them alone); equal steps; every token once per epoch."""
+    texts, docs, reports = _blend_job(tmp_path)
+    assert reports[0]["stages"] >= 3
+    present = sum(t is not None for corpus in texts for t in corpus)
+    assert all(r["first_stage_texts"] for r in reports), "each rank counted a share of the first stages"
+    assert sum(r["first_stage_texts"] for r in reports) < present / 2, "set_epoch counted only the first stages"
+    assert sum(r["counted_texts"] for r in reports) == present, f"each text tokenized once to count: {reports}"
+    later = [r["counted_texts"] - r["first_stage_texts"] for r in reports]
+    assert all(0 < n < sum(later) for n in later), f"both ranks counted a share of the later stages: {later}"
+    _every_token_once_with_equal_steps(reports, docs, epochs=2)
+
+
+@pytest.mark.slow
+def test_a_ranks_worker_processes_wait_for_its_split_of_a_blends_later_stages(tmp_path):
+    """torchrun, 2 ranks x 2 worker processes started at once, while the ranks split every corpus's later
+    stages (slowly): the workers wait for their rank's counts (a claim per corpus and stage in their
+    count share) instead of tokenizing those stages again (before: each rank's workers counted every
+    later stage they reached on top of the split); every token once, equal steps."""
+    texts, docs, reports = _blend_job(tmp_path, "--process-workers", "--slow", "0.05", epochs=1)
+    assert reports[0]["stages"] >= 3
+    present = sum(t is not None for corpus in texts for t in corpus)
+    per_rank = []
+    for r, report in enumerate(reports):
+        lines = (tmp_path / "report" / f"counted-rank{r}.log").read_text().split("\n")
+        per_rank.append(sum(int(line.split()[1]) for line in lines if line))
+        assert per_rank[-1] >= report["counted_texts"]  # the parent's, and its workers'
+    assert sum(per_rank) == present, f"each text tokenized once to count, workers included: {per_rank} of {present}"
+    later = [r["counted_texts"] - r["first_stage_texts"] for r in reports]
+    assert all(n > 0 for n in later), f"both ranks' threads counted a share of the later stages: {later}"
+    _every_token_once_with_equal_steps(reports, docs, epochs=1)
 
 
 @pytest.mark.parametrize("texts, weight_a", [([None, None], 0.5), ([], 0.0)])

@@ -589,9 +589,9 @@ class PackedStream(WeightSteering, PlannedStream):
             rank, world = place
             service.add(partial(
                 count_later_stages, counts=counts, stages=stages, known=partial(self._known_counts, 0),
-                count_mine=partial(self._count_rank_share, 0), saved=partial(self._stage_counted, cache=rank == 0),
+                count_mine=partial(self._count_rank_share, 0), saved=partial(self._stage_counted, 0, cache=rank == 0),
                 weights=self._text_weights(), round_weight=float(world * self.first_stage_bytes),
-                claim=self._claim_for_workers(stages)))
+                claim=self._claim_for_workers(0, stages.order[stages.bounds[1]:])))
             return
         running = self._counter is not None and self._counter.is_alive()  # one at a time (an earlier epoch's goes on)
         if current_worker()[1] == 0 and not running and not counts.counted(stages.order):
@@ -626,34 +626,34 @@ class PackedStream(WeightSteering, PlannedStream):
                 log.warning("the token counts of this rank's worker processes are not used: %s", exc)
         return tokens
 
-    def _claim_for_workers(self, stages: Stages) -> Claim | None:
-        """Tell this process's worker processes (now or later forked) that the stages after the first are
-        being split over the ranks here, so they wait for its counts (``_stage_counted`` publishes
-        them) instead of counting them too. Made when the job is added, so no worker started after it
-        misses it; None where every stage is counted here already (the workers start from these
-        counts) or it cannot be written (a warning: the workers count themselves)."""
-        if len(stages) < 2 or self._stage_counts().counted(stages.order):
+    def _claim_for_workers(self, k: int, units: np.ndarray) -> Claim | None:
+        """Tell this process's worker processes (now or later forked) that corpus ``k``'s ``units`` (later
+        stages) are being split over the ranks here, so they wait for its counts (``_stage_counted``
+        publishes them) instead of counting them too. Made when the job is added, so no worker
+        started after it misses it; None where they are counted here already (the workers start from
+        these counts) or it cannot be written (a warning: the workers count themselves)."""
+        if not len(units) or self._counts_of(k).counted(units):
             return None
         try:
-            return self._count_share.claim(_share_name(0), stages.order[stages.bounds[1]:])
+            return self._count_share.claim(_share_name(k), units)
         except OSError as exc:
             log.warning("this rank's worker processes count the later text stages themselves: no claim in %s "
                         "(%s: %s)", self._count_share.directory, type(exc).__name__, exc)
             return None
 
-    def _stage_counted(self, tokens: np.ndarray, cache: bool) -> None:
-        """A stage split over the ranks is counted: published for this process's worker processes, if it
+    def _stage_counted(self, k: int, tokens: np.ndarray, cache: bool) -> None:
+        """A stage of corpus ``k`` split over the ranks is counted: published for this process's worker processes, if it
         has any (they may wait for it), then saved to the count cache (``cache``: one rank of the group
         saves). A cache that cannot be written raises, after the publishing: the counting job keeps
         it to a warning (``streams/stage_counting.py``), and the split goes on."""
         if self._count_share.copied():
             try:
-                self._count_share.publish(_share_name(0), tokens)
+                self._count_share.publish(_share_name(k), tokens)
             except OSError as exc:
                 log.warning("the token counts of a later text stage are not shared with this rank's worker "
                             "processes (%s: %s): they count it themselves", type(exc).__name__, exc)
         if cache:
-            self._save_counts(0, tokens)
+            self._save_counts(k, tokens)
 
     def _count_rank_share(self, k: int, rgs: np.ndarray) -> np.ndarray:
         """Count corpus ``k``'s ``rgs`` here, alone (this rank's share of a stage split over the ranks)."""
@@ -724,9 +724,10 @@ class PackedStream(WeightSteering, PlannedStream):
                         service.add(partial(
                             count_later_stages, counts=corpus.counts, stages=_only_stage(corpus.stages, i),
                             known=partial(self._known_counts, k), count_mine=partial(self._count_rank_share, k),
-                            saved=partial(self._save_counts, k) if rank == 0 else lambda tokens: None,
+                            saved=partial(self._stage_counted, k, cache=rank == 0),
                             weights=self._text_weights(self.corpora[k].catalog),
-                            round_weight=float(world * self.first_stage_bytes)))
+                            round_weight=float(world * self.first_stage_bytes),
+                            claim=self._claim_for_workers(k, corpus.stages.units(i))))
             return
         running = self._counter is not None and self._counter.is_alive()
         whole = all(c is None or c.counts.counted(c.stages.order) for c in corpora)

@@ -7,15 +7,19 @@ Each rank builds ``PackedStream(BlendedStream(...), tokenizer=...)`` with a call
 it is given to count (on the counting threads, not reading), calls ``set_epoch(0)`` (every corpus's first
 stage counted over the ranks, the later stages split over the ranks beside training), waits until every
 stage is counted (so training never counts one itself), iterates ``--epochs`` epochs with thread workers
-and writes a JSON report: the texts it tokenized to count in ``set_epoch`` and in all, the stages, and
+(``--process-workers``: 2 worker processes, started at once, while the later stages are split; ``--slow S``:
+each counting call sleeps S seconds; every process notes the texts it tokenized to count in
+``counted-rank{rank}.log``, ``pid texts`` lines) and writes a JSON report: the texts it tokenized to count in ``set_epoch`` and in all, the stages, and
 every real token as (corpus, sample_id, token) per batch.
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
+import signal
 import threading
 import time
 
@@ -27,13 +31,20 @@ import streamshard as ss
 
 
 class Lengths:
-    def __init__(self) -> None:
-        self.texts, self.lock = 0, threading.Lock()
+    def __init__(self, log: str, slow: float) -> None:
+        self.texts, self.lock, self.log, self.slow = 0, threading.Lock(), log, slow
+        os.register_at_fork(after_in_child=self._fresh_lock)  # a worker forked while a counting thread holds it
+
+    def _fresh_lock(self) -> None:
+        self.lock = threading.Lock()
 
     def __call__(self, batch: list[str]) -> list[list[int]]:
         if threading.current_thread().name.startswith("streamshard-count"):  # counting, not reading
             with self.lock:
                 self.texts += len(batch)
+                with open(self.log, "a") as f:  # every process of the rank: its DataLoader workers too
+                    f.write(f"{os.getpid()} {len(batch)}\n")
+            time.sleep(self.slow)
         return [[len(word) for word in text.split()] for text in batch]
 
 
@@ -46,10 +57,14 @@ def main() -> None:
     parser.add_argument("--first-stage-bytes", type=int, required=True)
     parser.add_argument("--report", required=True)
     parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--process-workers", action="store_true")
+    parser.add_argument("--slow", type=float, default=0.0)
     args = parser.parse_args()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # tests/launch.py on a timeout: where it waits
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    tokenizer = Lengths()
+    os.makedirs(args.report, exist_ok=True)
+    tokenizer = Lengths(os.path.join(args.report, f"counted-rank{rank}.log"), args.slow)
     corpora = {"a": ss.ParquetStream(args.a, shuffle=True, seed=1), "b": ss.ParquetStream(args.b, shuffle=True, seed=2)}
     blend = ss.BlendedStream(corpora, dict(zip("ab", args.weights)), batch_size=999, seed=3,
                              num_samples=args.num_samples)
@@ -58,9 +73,10 @@ def main() -> None:
     ps.set_epoch(0)
     first = tokenizer.texts
     deadline = time.monotonic() + 60
-    while not all(c.counted(np.arange(len(c.tokens))) for c in ps._corpus_counts()) and time.monotonic() < deadline:
+    while not args.process_workers and time.monotonic() < deadline and \
+            not all(c.counted(np.arange(len(c.tokens))) for c in ps._corpus_counts()):
         time.sleep(0.02)
-    loader = ss.StreamLoader(ps, num_workers=2, workers="threads")
+    loader = ss.StreamLoader(ps, num_workers=2, workers="processes" if args.process_workers else "threads")
     epochs = []
     for _ in range(args.epochs):
         batches = []
@@ -68,7 +84,6 @@ def main() -> None:
             c, sid, ids = (batch[k].reshape(-1).tolist() for k in ("corpus", "sample_id", "input_ids"))
             batches.append([[k, s, t] for k, s, t in zip(c, sid, ids) if s >= 0])
         epochs.append(batches)
-    os.makedirs(args.report, exist_ok=True)
     with open(os.path.join(args.report, f"rank{rank}.json"), "w") as f:
         json.dump({"first_stage_texts": first, "counted_texts": tokenizer.texts, "epochs": epochs, "stages": len(ps.planner.stages(0))}, f)
     dist.destroy_process_group()
