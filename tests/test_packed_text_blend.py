@@ -194,9 +194,10 @@ def test_set_weights_is_refused_by_name(corpora):
         ss.StreamLoader(blend_pack(corpora), num_workers=1).load_state_dict(state)
 
 
-def _blend_job(tmp_path, *args, epochs=2):
-    """torchrun, 2 ranks: ``frameworks/text_blend_job.py`` over two text corpora whose first stages hold 2
-    row groups each. Returns (texts per corpus, documents' tokens per corpus, the rank reports)."""
+def _blend_job(tmp_path, *args, epochs=2, processes=2):
+    """torchrun, 2 ranks (or ``processes``): ``frameworks/text_blend_job.py`` over two text corpora whose
+    first stages hold 2 row groups each. Returns (texts per corpus, documents' tokens per corpus, the
+    rank reports)."""
     from pathlib import Path
 
     from launch import check, launch
@@ -205,11 +206,11 @@ def _blend_job(tmp_path, *args, epochs=2):
              write_texts(tmp_path / "b", [[18, 22, 9], [15, 12, 20, 8]], seed=5)]  # first stages: 2 row groups each
     docs = [[[len(w) for w in t.split()] + [0] if t is not None else [] for t in corpus] for corpus in texts]
     sequences = [-(-sum(len(d) for d in corpus) // 16) for corpus in docs]
-    check(launch(2, Path(__file__).parent / "frameworks" / "text_blend_job.py", "--a", str(tmp_path / "a"),
+    check(launch(processes, Path(__file__).parent / "frameworks" / "text_blend_job.py", "--a", str(tmp_path / "a"),
                  "--b", str(tmp_path / "b"), "--weights", *map(str, sequences), "--num-samples", str(sum(sequences)),
                  "--first-stage-bytes", "1200", "--report", str(tmp_path / "report"), "--epochs", str(epochs), *args,
                  timeout=150))
-    reports = [json.loads((tmp_path / "report" / f"rank{r}.json").read_text()) for r in range(2)]
+    reports = [json.loads((tmp_path / "report" / f"rank{r}.json").read_text()) for r in range(processes)]
     return texts, docs, reports
 
 
@@ -262,6 +263,27 @@ def test_a_ranks_worker_processes_wait_for_its_split_of_a_blends_later_stages(tm
     later = [r["counted_texts"] - r["first_stage_texts"] for r in reports]
     assert all(n > 0 for n in later), f"both ranks' threads counted a share of the later stages: {later}"
     _every_token_once_with_equal_steps(reports, docs, epochs=1)
+
+
+@pytest.mark.slow
+def test_each_data_parallel_group_of_a_mesh_splits_a_blends_later_stages_over_its_own_ranks(tmp_path):
+    """torchrun, 4 ranks as a ("dp", "tp") = (2, 2) mesh, the corpora and the blend built with
+    ``mesh=mesh["dp"]``: each data-parallel group ({0, 2} and {1, 3}, the same data) splits every
+    corpus's later stages over its own two ranks (before: every rank counted them all alone, so a
+    group's ranks tokenized twice the corpus); within a group, equal steps and every token once; the
+    ranks of one data-parallel rank get the same batches."""
+    texts, docs, reports = _blend_job(tmp_path, "--mesh", epochs=1, processes=4)
+    present = sum(t is not None for corpus in texts for t in corpus)
+    assert [r["dp"] for r in reports] == [0, 0, 1, 1]
+    assert reports[0]["stages"] >= 3
+    for group in ((0, 2), (1, 3)):  # global ranks of a data-parallel group (its tp index)
+        mine = [reports[r] for r in group]
+        counted = [r["counted_texts"] for r in mine]
+        assert sum(counted) == present, f"group {group}: {counted} texts tokenized to count {present}"
+        later = [r["counted_texts"] - r["first_stage_texts"] for r in mine]
+        assert all(0 < n < sum(later) for n in later), f"group {group}: both ranks counted a share: {later}"
+        _every_token_once_with_equal_steps(mine, docs, epochs=1)
+    assert reports[0]["epochs"] == reports[1]["epochs"] and reports[2]["epochs"] == reports[3]["epochs"]
 
 
 @pytest.mark.parametrize("texts, weight_a", [([None, None], 0.5), ([], 0.0)])

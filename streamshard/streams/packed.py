@@ -703,21 +703,23 @@ class PackedStream(WeightSteering, PlannedStream):
 
     def _count_blend_first_stage(self, epoch: int) -> None:
         """Count every corpus's first stage now (each split over the ranks, like the catalog), then the
-        later stages beside training, stage by stage over the corpora: split over the ranks under a
-        default process group (``streams/stage_counting.py``), else on a background thread."""
+        later stages beside training, stage by stage over the corpora: split over the ranks of the
+        process group (the default one, or the data-parallel group of the corpora's ``mesh=``:
+        ``streams/stage_counting.py``), else on a background thread."""
         assert self.text is not None
         corpora = self._corpus_tokens()
         distributed = current_worker()[1] == 0 and all(ds._splits_catalog() for ds in self.corpora)
         for k, corpus in enumerate(corpora):
             if corpus is not None and len(corpus.stages):  # else no positions, or no rows: nothing to count
                 self._count_first(k, corpus.stages.units(0), distributed, f"(the first stage of a blend's epoch {epoch})")
-        split = distributed and all(ds._catalog_group is None for ds in self.corpora) \
-            and collective.process_group() is not None
-        service = rank_counting() if split else None
+        group = self.corpora[0]._catalog_group  # the default group's ranks, or a mesh's data-parallel group
+        split = distributed and all(ds._catalog_group is group for ds in self.corpora) \
+            and collective.process_group(group) is not None
+        service = rank_counting(group) if split else None
         if service is not None:
-            # Every rank is here, in the same order: each corpus's later stages, stage i of every corpus
-            # before stage i + 1 of any, are split over the ranks by the counting group's thread.
-            rank, world = collective.process_group() or (0, 1)
+            # Every rank of the group is here, in the same order: each corpus's later stages, stage i of
+            # every corpus before stage i + 1 of any, are split over its ranks by the counting group's thread.
+            rank, world = collective.process_group(group) or (0, 1)
             for i in range(1, max((len(c.stages) for c in corpora if c is not None), default=0)):
                 for k, corpus in enumerate(corpora):
                     if corpus is not None and i < len(corpus.stages):

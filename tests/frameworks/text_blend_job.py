@@ -9,7 +9,8 @@ stage counted over the ranks, the later stages split over the ranks beside train
 stage is counted (so training never counts one itself), iterates ``--epochs`` epochs with thread workers
 (``--process-workers``: 2 worker processes, started at once, while the later stages are split; ``--slow S``:
 each counting call sleeps S seconds; every process notes the texts it tokenized to count in
-``counted-rank{rank}.log``, ``pid texts`` lines) and writes a JSON report: the texts it tokenized to count in ``set_epoch`` and in all, the stages, and
+``counted-rank{rank}.log``, ``pid texts`` lines; ``--mesh``, 4 processes: a ("dp", "tp") = (2, 2) device mesh, the
+corpora and the blend built with ``mesh=mesh["dp"]``) and writes a JSON report: the texts it tokenized to count in ``set_epoch`` and in all, the stages, and
 every real token as (corpus, sample_id, token) per batch.
 """
 
@@ -59,15 +60,23 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--process-workers", action="store_true")
     parser.add_argument("--slow", type=float, default=0.0)
+    parser.add_argument("--mesh", action="store_true")
     args = parser.parse_args()
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # tests/launch.py on a timeout: where it waits
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    where, dp = {}, rank
+    if args.mesh:  # 4 processes: a ("dp", "tp") = (2, 2) mesh, each data-parallel group splitting the count
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        where, dp = {"mesh": mesh["dp"]}, mesh["dp"].get_local_rank()
     os.makedirs(args.report, exist_ok=True)
     tokenizer = Lengths(os.path.join(args.report, f"counted-rank{rank}.log"), args.slow)
-    corpora = {"a": ss.ParquetStream(args.a, shuffle=True, seed=1), "b": ss.ParquetStream(args.b, shuffle=True, seed=2)}
+    corpora = {"a": ss.ParquetStream(args.a, shuffle=True, seed=1, **where),
+               "b": ss.ParquetStream(args.b, shuffle=True, seed=2, **where)}
     blend = ss.BlendedStream(corpora, dict(zip("ab", args.weights)), batch_size=999, seed=3,
-                             num_samples=args.num_samples)
+                             num_samples=args.num_samples, **where)
     ps = ss.PackedStream(blend, column="text", seq_len=16, batch_size=2, tokenizer=tokenizer, eos_id=0,
                          first_stage_bytes=args.first_stage_bytes)
     ps.set_epoch(0)
@@ -85,7 +94,7 @@ def main() -> None:
             batches.append([[k, s, t] for k, s, t in zip(c, sid, ids) if s >= 0])
         epochs.append(batches)
     with open(os.path.join(args.report, f"rank{rank}.json"), "w") as f:
-        json.dump({"first_stage_texts": first, "counted_texts": tokenizer.texts, "epochs": epochs, "stages": len(ps.planner.stages(0))}, f)
+        json.dump({"dp": dp, "first_stage_texts": first, "counted_texts": tokenizer.texts, "epochs": epochs, "stages": len(ps.planner.stages(0))}, f)
     dist.destroy_process_group()
 
 
