@@ -720,6 +720,9 @@ class PackedStream(WeightSteering, PlannedStream):
             # Every rank of the group is here, in the same order: each corpus's later stages, stage i of
             # every corpus before stage i + 1 of any, are split over its ranks by the counting group's thread.
             rank, world = collective.process_group(group) or (0, 1)
+            # A corpus's claim of its later stages goes from job to job (each beats it), let go by its last.
+            claims = [self._claim_for_workers(k, c.stages.order[c.stages.bounds[1]:]) if c is not None and len(c.stages) > 1
+                      else None for k, c in enumerate(corpora)]
             for i in range(1, max((len(c.stages) for c in corpora if c is not None), default=0)):
                 for k, corpus in enumerate(corpora):
                     if corpus is not None and i < len(corpus.stages):
@@ -729,7 +732,7 @@ class PackedStream(WeightSteering, PlannedStream):
                             saved=partial(self._stage_counted, k, cache=rank == 0),
                             weights=self._text_weights(self.corpora[k].catalog),
                             round_weight=float(world * self.first_stage_bytes),
-                            claim=self._claim_for_workers(k, corpus.stages.units(i))))
+                            claim=claims[k], last=i == len(corpus.stages) - 1))
             return
         running = self._counter is not None and self._counter.is_alive()
         whole = all(c is None or c.counts.counted(c.stages.order) for c in corpora)

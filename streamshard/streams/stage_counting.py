@@ -175,20 +175,22 @@ def _close_all() -> None:
 
 def count_later_stages(service: RankCounting, counts: StageCounts, stages: Stages, known: Callable[[], np.ndarray],
                        count_mine: Callable[[np.ndarray], np.ndarray], saved: Callable[[np.ndarray], None],
-                       weights: np.ndarray, round_weight: float, claim: Claim | None = None) -> None:
+                       weights: np.ndarray, round_weight: float, claim: Claim | None = None,
+                       last: bool = True) -> None:
     """A job of ``service``: count stages ``1..`` of an epoch in order, each split over the ranks while the
     group works (``known()``: this rank's counts, the cache's included; ``count_mine``: count row groups
     alone; ``saved``: keep the counts, e.g. in the cache and for this rank's worker processes), else
     alone (``counts.of``). Training that needs a stage being split waits for it
     (``StageCounts.claimed``) instead of counting it again; so do this rank's worker processes while
     ``claim`` (of the later stages, made when the job was added: ``io/count_share.py``) lives: it is
-    beaten every round and released when the job ends or this rank leaves the group. A count that
-    fails (on any rank: every rank learns it) ends the job as the lone count's failure does: whoever
-    needs that stage counts it and raises, naming the file and row group."""
+    beaten every round and released when the job ends (``last``: else the claim goes on to the next
+    job, e.g. a blend's corpus's next stage) or this rank leaves the group. A count that fails (on
+    any rank: every rank learns it) ends the job as the lone count's failure does: whoever needs that
+    stage counts it and raises, naming the file and row group."""
     try:
         _count_later_stages(service, counts, stages, known, count_mine, saved, weights, round_weight, claim)
     finally:
-        if claim is not None:
+        if claim is not None and last:
             claim.release()
 
 
