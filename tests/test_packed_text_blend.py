@@ -248,9 +248,9 @@ def test_two_ranks_count_the_first_stages_together_and_deliver_every_token_once(
 @pytest.mark.slow
 def test_a_ranks_worker_processes_wait_for_its_split_of_a_blends_later_stages(tmp_path):
     """torchrun, 2 ranks x 2 worker processes started at once, while the ranks split every corpus's later
-    stages (slowly): the workers wait for their rank's counts (a claim per corpus in their
-    count share per corpus) instead of tokenizing those stages again (before: each rank's workers counted every
-    later stage they reached on top of the split); every token once, equal steps."""
+    stages (slowly): the workers wait for their rank's counts (a claim per corpus in their count share)
+    instead of tokenizing those stages again (before: each rank's workers counted every later stage
+    they reached on top of the split); every token once, equal steps."""
     texts, docs, reports = _blend_job(tmp_path, "--process-workers", "--slow", "0.05", epochs=1)
     assert reports[0]["stages"] >= 3
     present = sum(t is not None for corpus in texts for t in corpus)
