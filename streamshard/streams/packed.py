@@ -642,10 +642,10 @@ class PackedStream(WeightSteering, PlannedStream):
             return None
 
     def _stage_counted(self, k: int, tokens: np.ndarray, cache: bool) -> None:
-        """A stage of corpus ``k`` split over the ranks is counted: published for this process's worker processes, if it
-        has any (they may wait for it), then saved to the count cache (``cache``: one rank of the group
-        saves). A cache that cannot be written raises, after the publishing: the counting job keeps
-        it to a warning (``streams/stage_counting.py``), and the split goes on."""
+        """A stage of corpus ``k`` split over the ranks is counted: published for this process's worker
+        processes, if it has any (they may wait for it), then saved to the count cache (``cache``: one
+        rank of the group saves). A cache that cannot be written raises, after the publishing: the
+        counting job keeps it to a warning (``streams/stage_counting.py``), and the split goes on."""
         if self._count_share.copied():
             try:
                 self._count_share.publish(_share_name(k), tokens)
@@ -721,8 +721,8 @@ class PackedStream(WeightSteering, PlannedStream):
             # every corpus before stage i + 1 of any, are split over its ranks by the counting group's thread.
             rank, world = collective.process_group(group) or (0, 1)
             # A corpus's claim of its later stages goes from job to job (each beats it), let go by its last.
-            claims = [self._claim_for_workers(k, c.stages.order[c.stages.bounds[1]:]) if c is not None and len(c.stages) > 1
-                      else None for k, c in enumerate(corpora)]
+            claims = [self._claim_for_workers(k, c.stages.order[c.stages.bounds[1]:])
+                      if c is not None and len(c.stages) > 1 else None for k, c in enumerate(corpora)]
             for i in range(1, max((len(c.stages) for c in corpora if c is not None), default=0)):
                 for k, corpus in enumerate(corpora):
                     if corpus is not None and i < len(corpus.stages):
