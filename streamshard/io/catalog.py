@@ -41,6 +41,7 @@ from .catalog_cache import CatalogCache, footer_from_dict, footer_to_dict
 from ..format.catalog_records import FileEntry, FileFooter
 from ..errors import CatalogError
 from ..format.deletions import kept_rows
+from .first_reads import FIRST_READS, paths_key
 from .delta import DELTA_LOG, delta_root_in_listing, delta_root_of_glob
 from ..format.listing_rules import listed_under_directory_is_data, matched_by_glob_is_data
 from .partitions import drop_columns, full_schema
@@ -219,8 +220,12 @@ class Catalog:
             raise ValueError(f"columns has duplicates: {projection}")
         filesystems = FileSystems(storage_options)
         policy = retry or RetryPolicy()
+        early_key = None
         if _waits_on_an_event_loop(paths, filesystems):
             warm_arrow_while_waiting()
+            # the first data reads of the last catalog over these paths travel while this one lists
+            early_key = paths_key(paths, storage_options, projection, partitioning)
+            FIRST_READS.start(early_key, filesystems)
         lister = lambda: list_sources(paths, filesystems, policy, partitioning)  # noqa: E731
         cache = CatalogCache(cache_dir, [str(p) for p in _as_list(paths)], projection) if cache_dir else None
         place = collective.process_group(group) if distributed else None
@@ -229,6 +234,7 @@ class Catalog:
         else:
             listing, footers = _build_distributed(lister, projection, filesystems, policy, cache, max_concurrency,
                                                   *place, progress=progress, group=group)
+        FIRST_READS.remember_listing(early_key, listing.files)
         return cls.from_footers(footers, targets, listing, projection)
 
     @classmethod
