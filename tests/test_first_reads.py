@@ -99,3 +99,75 @@ def test_files_changed_between_two_loaders_give_their_rows_as_they_are_now(chang
         assert FIRST_READS.sent - sent == 4  # the remembered reads went out (the rewritten file's refused)
         assert FIRST_READS.taken - taken == (4 if change == "added" else 3)
     assert sorted(ids) == expected
+
+
+def loader_ids(url, options) -> list[int]:
+    """A fresh dataset and ``StreamLoader`` (2 thread workers): every id delivered."""
+    ds = ss.ParquetStream(url, columns=["id"], batch_size=100, rank=0, world_size=1, storage_options=options)
+    return [int(i) for b in ss.StreamLoader(ds, num_workers=2) for i in b["id"][b["sample_id"] >= 0]]
+
+
+def test_a_fresh_stream_loader_reads_and_decodes_while_its_listing_runs(seaweedfs, tmp_path, monkeypatch):
+    """The second loader over the same paths in one process starts from the catalog of the last listing
+    (every footer held) and lists beside its first reads: with the listing slowed by 0.5 s, its row groups
+    are read and decoded before the listing is back (before, nothing was read until the catalog was
+    listed). One listing per loader; every row once."""
+    import streamshard.io.catalog as catalog_module
+    from streamshard.io.reader import RowGroupReader
+
+    write_corpus(str(tmp_path), LAYOUT)
+    url = seaweedfs.upload(str(tmp_path), "first-reads", "speculate")
+    listed, read = [], []
+    original_list, original_read = catalog_module.list_sources, RowGroupReader.read_part
+
+    def slow_listing(*args, **kwargs):
+        time.sleep(0.5)
+        try:
+            return original_list(*args, **kwargs)
+        finally:
+            listed.append(time.monotonic())
+
+    def timed_read(self, *args, **kwargs):
+        try:
+            return original_read(self, *args, **kwargs)
+        finally:
+            read.append(time.monotonic())
+
+    monkeypatch.setattr(catalog_module, "list_sources", slow_listing)
+    monkeypatch.setattr(RowGroupReader, "read_part", timed_read)
+    assert sorted(loader_ids(url, seaweedfs.storage_options)) == list(range(8_000))
+    listed.clear(), read.clear()
+    assert sorted(loader_ids(url, seaweedfs.storage_options)) == list(range(8_000))
+    assert len(listed) == 1
+    assert sum(t < listed[0] for t in read) >= 2, "no row group was read before the listing came back"
+
+
+@pytest.mark.parametrize("change", ["rewritten at the same size", "added", "removed"])
+def test_a_stream_loader_on_files_changed_since_the_last_listing_delivers_them_as_they_are_now(
+        change, seaweedfs, tmp_path, monkeypatch):
+    """Between two loaders in one process a file is rewritten (same size, other ids), added or removed:
+    the second loader's catalog, taken from the last listing, is refused by the listing made beside it,
+    nothing it read is delivered, and the pass runs on the files as they are now: each of their ids once."""
+    write_corpus(str(tmp_path / "data"), LAYOUT)
+    prefix = f"loader-{change.split()[0]}"
+    url = seaweedfs.upload(str(tmp_path / "data"), "first-reads", prefix)
+    options = seaweedfs.storage_options
+    assert sorted(loader_ids(url, options)) == list(range(8_000))
+    store = seaweedfs.filesystem()
+    if change == "removed":
+        store.rm(f"first-reads/{prefix}/part-00001.parquet")
+        expected = [*range(2_000), *range(4_000, 8_000)]
+    elif change == "added":
+        write_at_size(tmp_path / "new.parquet", 100_000, [300, 300])
+        store.put_file(str(tmp_path / "new.parquet"), f"first-reads/{prefix}/part-00009.parquet")
+        expected = list(range(8_000)) + list(range(100_000, 100_600))
+    else:
+        size = (tmp_path / "data" / "part-00001.parquet").stat().st_size
+        write_at_size(tmp_path / "new.parquet", 100_000, [500] * 4, size=size)
+        store.put_file(str(tmp_path / "new.parquet"), f"first-reads/{prefix}/part-00001.parquet")
+        expected = sorted([*range(2_000), *range(4_000, 8_000), *range(100_000, 102_000)])
+    answers = []
+    confirm = ss.ParquetStream.confirm_catalog
+    monkeypatch.setattr(ss.ParquetStream, "confirm_catalog", lambda self: answers.append(confirm(self)) or answers[-1])
+    assert sorted(loader_ids(url, options)) == expected
+    assert answers == [False], "the catalog of the last listing was not refused"

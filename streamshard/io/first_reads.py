@@ -81,15 +81,20 @@ class FirstReads:
             while len(self._first) > _MAX_FILES:
                 self._first.popitem(last=False)
 
-    def remember_listing(self, paths_key: str | None, files: Sequence[Any]) -> None:
-        """The files (``FileEntry``s) a catalog over ``paths_key`` listed."""
+    def remember_listing(self, paths_key: str | None, listing: Any) -> None:
+        """What a catalog over ``paths_key`` listed (an ``io/sources.py`` ``Listing``)."""
         if paths_key is None:
             return
         with self._lock:
-            self._listings[paths_key] = tuple((f.url, int(f.size), f.version) for f in files)
+            self._listings[paths_key] = listing
             self._listings.move_to_end(paths_key)
             while len(self._listings) > _MAX_LISTINGS:
                 self._listings.popitem(last=False)
+
+    def listing(self, paths_key: str | None) -> Any:
+        """The ``Listing`` the last catalog over ``paths_key`` in this process got, or None."""
+        with self._lock:
+            return self._listings.get(paths_key) if paths_key is not None else None
 
     # -- sending ----------------------------------------------------------------------------------
     def start(self, paths_key: str | None, filesystems: Any) -> int:
@@ -100,7 +105,8 @@ class FirstReads:
             return 0
         with self._lock:
             self._sweep(time.monotonic())
-            listed = self._listings.get(paths_key, ())
+            last = self._listings.get(paths_key)
+            listed = [(f.url, int(f.size), f.version) for f in last.files] if last is not None else []
             wanted = [(key, self._first[key]) for key in listed if key in self._first and key not in self._early]
         budget, started = EARLY_BYTES, 0
         for key, spans in wanted:
