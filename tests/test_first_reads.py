@@ -52,6 +52,9 @@ def test_a_second_loader_in_the_same_process_reads_its_first_data_while_it_lists
         assert data_gets_within(proxy, 4) == 4, "the first data GETs did not go out beside the listing"
         ids = [int(i) for b in ds for i in b["id"][b["sample_id"] >= 0]]
         assert proxy.count("GET", ".parquet") == 4  # the pass took the early bytes: no GET of its own
+        proxy.reset_counts()  # a third loader gets bytes of its own (early reads are no data cache)
+        assert sorted(epoch_ids(url, options)) == list(range(8_000))
+        assert proxy.count("GET", ".parquet") == 4
     assert sorted(ids) == list(range(8_000))
 
 

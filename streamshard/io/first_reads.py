@@ -18,7 +18,8 @@ file added or removed is the new listing's to report, as before. Only on stores 
 (the S3 backends: ``storage.if_match_etag``); nothing on local disk.
 
 Bounded: at most ``EARLY_BYTES`` sent per catalog, each held read dropped once a fetch took all of it,
-or ``KEEP_S`` seconds after it was sent; a read that failed or is not back within ``TAKE_WAIT_S`` is
+when the next catalog over the same paths sends its own (early bytes serve the loaders of the catalog
+that sent them, never later ones: this is no data cache), or ``KEEP_S`` seconds after it was sent; a read that failed or is not back within ``TAKE_WAIT_S`` is
 not used (the reader fetches as before, with its retries and errors). A forked child forgets what its
 parent holds. What is wasted when the next loader reads other bytes first (another shuffle, another
 worker count, worker processes that read in children): at most ``EARLY_BYTES`` of GETs per catalog.
@@ -107,7 +108,11 @@ class FirstReads:
             self._sweep(time.monotonic())
             last = self._listings.get(paths_key)
             listed = [(f.url, int(f.size), f.version) for f in last.files] if last is not None else []
-            wanted = [(key, self._first[key]) for key in listed if key in self._first and key not in self._early]
+            for key in listed:  # bytes sent for an earlier catalog serve its loaders only: this one gets its own
+                for early in list(self._early.get(key, ())):
+                    early.future.cancel()
+                    self._drop(key, early)
+            wanted = [(key, self._first[key]) for key in listed if key in self._first]
         budget, started = EARLY_BYTES, 0
         for key, spans in wanted:
             size = sum(e - s for s, e in spans)
