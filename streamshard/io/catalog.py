@@ -255,18 +255,25 @@ class Catalog:
         made beside it found the same files, sizes, versions, partition keys and table versions (waits
         for it). False: files were added, removed or rewritten since (or the listing failed): build the
         catalog again, and deliver nothing read through this one."""
-        pending = _UNCONFIRMED.pop(self, None)
+        pending = _UNCONFIRMED.get(self)
         if pending is None:
-            return True
+            return self not in _REFUSED
         listing, guessed, key = pending
         try:
             now = listing.result()
+            same = _same_listing(now, guessed)
         except Exception:  # noqa: BLE001 - a build of its own reports the listing's error
-            return False
-        if not _same_listing(now, guessed):
+            same = False
+        _UNCONFIRMED.pop(self, None)
+        if not same:
+            _REFUSED.add(self)
             return False
         FIRST_READS.remember_listing(key, now)
         return True
+
+    def refused(self) -> bool:
+        """Whether ``confirmed()`` found this catalog stale (without waiting: False while it is not known)."""
+        return self in _REFUSED
 
     @classmethod
     def from_footers(cls, footers: Sequence[FileFooter], cast: Mapping[str, pa.DataType] | None = None,
@@ -326,6 +333,7 @@ class Catalog:
 # Catalogs built from this process's last listing (``speculate``), whose own listing runs beside them:
 # catalog -> (that listing's future, the listing they were built from, the paths' key).
 _UNCONFIRMED: "weakref.WeakKeyDictionary[Catalog, tuple[Future, Listing, str | None]]" = weakref.WeakKeyDictionary()
+_REFUSED: "weakref.WeakSet[Catalog]" = weakref.WeakSet()  # those the listing beside them found stale
 
 
 def _from_last_listing(cls: type[Catalog], key: str | None, lister: Callable[[], Listing],

@@ -625,7 +625,7 @@ def _confirmed(start: Callable[[], Iterator[Any]], source: Any, epoch: int) -> I
     except Exception as exc:  # noqa: BLE001 - raised below unless the catalog was stale
         first, failure = _END, exc
     if not source.stream.confirm_catalog():
-        _close(batches)
+        _close(batches)  # the workers stop before the catalog they read through is replaced
         source.set_epoch(epoch)  # a catalog of the files as listed now
         batches = start()
         first, failure = next(batches, _END), None

@@ -190,6 +190,8 @@ class ParquetStream(PlannedStream):
         so DataLoader workers inherit the catalog instead of each reading every footer again.
         """
         super().set_epoch(epoch)
+        if self._catalog is not None and self._catalog.refused():  # stale (confirm_catalog): list again
+            self._catalog = self._converter = None
         self.converter  # noqa: B018 - builds the catalog and checks the column types once
         # pyarrow imports pandas (when installed) on its first pa.array() in a process, ~0.2-0.5 s: made
         # here in the background (thread workers send their first reads meanwhile); a fork waits for it,
@@ -227,13 +229,11 @@ class ParquetStream(PlannedStream):
         return self._catalog
 
     def confirm_catalog(self) -> bool:
-        """Whether the catalog stands (``Catalog.confirmed``). False: it was built from this process's last
-        listing of the paths while the listing ran (what ``StreamLoader`` asks for with thread workers),
-        and the files changed since: it is dropped, and the next use builds the catalog anew."""
-        if self._catalog is None or self._catalog.confirmed():
-            return True
-        self._catalog = self._converter = None
-        return False
+        """Whether the catalog stands (``Catalog.confirmed``; waits for its listing). False: it was built from
+        this process's last listing of the paths while the listing ran (what ``StreamLoader`` asks for with
+        thread workers), and the files changed since: deliver nothing read through it; the next
+        ``set_epoch`` builds the catalog anew."""
+        return self._catalog is None or self._catalog.confirmed()
 
     def _splits_catalog(self) -> bool:
         """Whether the ranks that build this catalog are a process group's, so they can split the reads:
