@@ -97,8 +97,8 @@ def test_remote_read_ahead_past_read_ahead_is_bounded_by_fetched_bytes(seaweedfs
 
 def test_remote_reads_fetched_together_decode_in_turn(seaweedfs, tmp_path, monkeypatch):
     """A fresh epoch's 16 groups arrive in 4 GETs at once; they used to decode all together (4 or more at
-    a time, sharing the cores, the first batch waiting for them all). Now at most ``DECODE_AHEAD`` of a
-    worker's remote reads decode at once, in the order the batches need them. Each decode is slowed by
+    a time, sharing the cores, the first batch waiting for them all). Now the read of the batch in hand and at
+    most ``DECODE_AHEAD`` of a worker's remote reads ahead decode at once, in the order the batches need them. Each decode is slowed by
     30 ms here so that overlaps show."""
     import pyarrow.parquet as pq
     import threading
@@ -124,7 +124,7 @@ def test_remote_reads_fetched_together_decode_in_turn(seaweedfs, tmp_path, monke
     with faulty_proxy(seaweedfs.endpoint_url) as proxy:
         gets, held, ids = gets_before_the_first_group_is_consumed(url, via(proxy, seaweedfs), proxy)
     assert (gets, held) == (4, 16)
-    assert most[0] == delivery.DECODE_AHEAD, f"{most[0]} reads decoded at once"
+    assert most[0] <= 1 + delivery.DECODE_AHEAD, f"{most[0]} reads decoded at once"
     assert sorted(ids) == list(range(8_000))
 
 

@@ -59,9 +59,10 @@ READ_AHEAD_BYTES = 256 * 1024 * 1024
 # ``_TOGETHER`` more reads): about what a worker decodes in a round trip of a slow store. Still within
 # ``READ_AHEAD_BYTES`` decoded; never on local disk, where a read costs no round trip.
 READ_AHEAD_FETCH_BYTES = 8 * 1024 * 1024
-# Of those remote reads, how many of a worker's decode (and convert) at once, the earliest needed first
-# (``_Turns``): their bytes are fetched all at once, then decoded in the order the batches need them, so
-# the first batch waits for its own groups, not for every group in flight sharing the cores with them.
+# Of those remote reads ahead, how many of a worker's decode (and convert) at once, the earliest needed
+# first (``_Turns``): their bytes are fetched all at once, then decoded in the order the batches need them,
+# so the first batch waits for its own groups, not for every group in flight sharing the cores with them.
+# The reads of the batch in hand (a shuffle window's, all needed together) are not held back.
 DECODE_AHEAD = 2
 
 
@@ -232,7 +233,7 @@ def deliver(
             if ticket is not None:
                 turns.end(ticket)
 
-    def submit(key: int, what: Read) -> None:
+    def submit(key: int, what: Read, in_turn: bool = False) -> None:
         submitted.add(key)
         if fetched is not None:
             fetch_size(key, what)
@@ -241,7 +242,7 @@ def deliver(
         else:  # started by ``start_submitted``, with the others of this round
             pending[key] = None  # type: ignore[assignment]
             fresh.append((key, what))
-            if turns is not None and fetch_sizes.get(key) is not None:  # a remote read: decoded in turn
+            if in_turn and turns is not None and fetch_sizes.get(key) is not None:  # a remote read ahead
                 tickets[key] = turns.ticket()
 
     def start_submitted() -> None:
@@ -300,7 +301,7 @@ def deliver(
                         if not fits(key, what) or (ahead >= read_ahead and not small_enough(key, what, block.reads)):
                             deferred.append((key, what))
                             break
-                        submit(key, what)
+                        submit(key, what, in_turn=True)
                         ahead += 1
                 over = False
                 while (upcoming is None and not over and ahead < read_ahead and j < _MAX_LOOKAHEAD
@@ -310,7 +311,7 @@ def deliver(
                             if not fits(key, what):
                                 over = True
                                 break
-                            submit(key, what)
+                            submit(key, what, in_turn=True)
                             ahead += 1
                     j += 1
                 start_submitted()
