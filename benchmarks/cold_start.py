@@ -15,12 +15,18 @@ bytes. Rows, each on a fresh ``StreamLoader(num_workers=2)`` (thread workers):
 Every token is delivered once (checked). Run it with any version of the package (``PYTHONPATH``): it
 passes ``first_stage_bytes`` only where ``PackedStream`` has it.
 
+``--blend`` packs a blend of two text corpora instead (``BlendedStream`` with ``num_samples``: the
+corpus's files split into two, hard-linked into ``blend/a`` (the first 6) and ``blend/b``, weighted by
+their sequences, ``num_samples`` their sum, so each corpus epoch is delivered once and every token is
+checked as above); its stage edges are those of the blend's position plans.
+
 ``--ranks N`` runs the same on N ranks (torchrun, gloo on CPU, one machine: the ranks share its
 cores), each rank its own ``StreamLoader(num_workers=2)``; every row is per rank, and the tokens
 delivered over all ranks are checked.
 
     flock /tmp/bench.lock env PYTHONPATH=$PWD .venv/bin/python benchmarks/cold_start.py --docs 150000 --workdir /tmp/cold_corpus
     flock /tmp/bench.lock env PYTHONPATH=$PWD .venv/bin/python benchmarks/cold_start.py --docs 150000 --workdir /tmp/cold_corpus --ranks 2
+    flock /tmp/bench.lock env PYTHONPATH=$PWD .venv/bin/python benchmarks/cold_start.py --docs 150000 --workdir /tmp/cold_corpus --blend
 """
 
 from __future__ import annotations
@@ -60,18 +66,47 @@ def prepare(workdir: str, docs: int) -> tuple[str, str, int]:
     return data, tok_path, total
 
 
+def prepare_blend(workdir: str, data: str, tok_path: str) -> tuple[list[str], list[int]]:
+    """Two corpora of the corpus's files (hard links: no copy) and each one's sequences, made once."""
+    from tokenizers import Tokenizer
+    import pyarrow.parquet as pq
+
+    meta = os.path.join(workdir, "blend", "meta.json")
+    dirs = [os.path.join(workdir, "blend", name) for name in ("a", "b")]
+    if os.path.exists(meta):
+        with open(meta) as f:
+            return dirs, json.load(f)["sequences"]
+    files = sorted(os.listdir(data))
+    tok = Tokenizer.from_file(tok_path)
+    sequences = []
+    for directory, part in zip(dirs, (files[:6], files[6:])):
+        os.makedirs(directory, exist_ok=True)
+        tokens = 0
+        for name in part:
+            os.link(os.path.join(data, name), os.path.join(directory, name))
+            texts = pq.read_table(os.path.join(data, name), columns=["text"]).column("text").to_pylist()
+            tokens += sum(len(e.ids) + 1 for e in tok.encode_batch(texts, add_special_tokens=False))
+        sequences.append(-(-tokens // SEQ))
+    with open(meta, "w") as f:
+        json.dump({"sequences": sequences}, f)
+    return dirs, sequences
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=150_000)
     parser.add_argument("--workdir", default="/tmp/streamshard_cold_corpus")
     parser.add_argument("--json", default=os.path.join(os.path.dirname(__file__), "out", "cold_start.json"))
     parser.add_argument("--ranks", type=int, default=1, help="ranks (torchrun, gloo on CPU); 1: one process")
+    parser.add_argument("--blend", action="store_true", help="a blend of two text corpora with num_samples")
     args = parser.parse_args()
     from tokenizers import Tokenizer
 
     ranked = "RANK" in os.environ
     if not ranked:  # the corpus and an empty count cache, once, before any rank starts
-        prepare(args.workdir, args.docs)
+        data, tok_path, _ = prepare(args.workdir, args.docs)
+        if args.blend:
+            prepare_blend(args.workdir, data, tok_path)
         shutil.rmtree(os.path.join(args.workdir, "cache"), ignore_errors=True)
     if args.ranks > 1 and not ranked:
         subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.ranks}",
@@ -89,12 +124,17 @@ def main() -> None:
     cache = os.path.join(args.workdir, "cache")
     staged = "first_stage_bytes" in inspect.signature(ss.PackedStream).parameters
     compressed = sum(os.path.getsize(os.path.join(data, f)) for f in os.listdir(data))
+    blend_dirs, sequences = prepare_blend(args.workdir, data, tok_path) if args.blend else ([], [])
 
     made: list = []
 
     def loader() -> ss.StreamLoader:
-        ps = ss.PackedStream(ss.ParquetStream(data, catalog_cache=cache), column="text", seq_len=SEQ,
-                             batch_size=BATCH, tokenizer=tok, eos_id=EOS)
+        source: ss.ParquetStream | ss.BlendedStream = ss.ParquetStream(data, catalog_cache=cache)
+        if args.blend:
+            corpora = {name: ss.ParquetStream(d, catalog_cache=cache) for name, d in zip("ab", blend_dirs)}
+            source = ss.BlendedStream(corpora, {n: float(s) for n, s in zip("ab", sequences)}, batch_size=BATCH,
+                                      num_samples=sum(sequences))
+        ps = ss.PackedStream(source, column="text", seq_len=SEQ, batch_size=BATCH, tokenizer=tok, eos_id=EOS)
         made.append(ps)
         return ss.StreamLoader(ps, num_workers=2)
 
@@ -124,6 +164,7 @@ def main() -> None:
     assert tokens == total, (tokens, total)
     rows["cold: epoch"] = {"seconds": seconds, "steps": steps, "stall": (waited + rows["cold: first batch"]["seconds"])
                            / seconds}
+    staged = staged and hasattr(made[0].planner, "stages")  # a blend in stages only with plan/blend_stages.py
     edges = stage_edges(made[0], 2, world) if staged else []
     if staged:
         at_edges = [waits[i] for i in edges if i < len(waits)]
@@ -146,7 +187,8 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=os.path.dirname(ss.__file__)).stdout.strip()
     print(f"streamshard {commit} ({'staged' if staged else 'whole-corpus'} count) from {os.path.dirname(ss.__file__)}")
-    print(f"corpus: {args.docs} documents, {total:,} tokens, {compressed / 2**20:.1f} MiB of Parquet; "
+    what = f"a blend of 2 corpora ({sequences[0]:,} + {sequences[1]:,} sequences), " if args.blend else ""
+    print(f"{what}corpus: {args.docs} documents, {total:,} tokens, {compressed / 2**20:.1f} MiB of Parquet; "
           f"[{BATCH}, {SEQ}] batches; {STEP_S * 1000:.0f} ms step; {os.cpu_count()} cpus; {world} rank(s)")
     print(f"{'row':<30} {'seconds':>9} {'stall':>7}")
     for r, mine in enumerate(per_rank):
@@ -155,7 +197,7 @@ def main() -> None:
             more = f"  ({row['edges']} edges, longest {row['longest']:.2f} s)" if "edges" in row else ""
             name = f"rank {r}: {label}" if world > 1 else label
             print(f"{name:<30} {row['seconds']:>9.2f} {stall:>7}{more}")
-    result = {"commit": commit, "staged": staged, "docs": args.docs, "tokens": total, "parquet_bytes": compressed,
+    result = {"commit": commit, "staged": staged, "blend": args.blend, "docs": args.docs, "tokens": total, "parquet_bytes": compressed,
               "seq_len": SEQ, "batch_size": BATCH, "step_s": STEP_S, "cpus": os.cpu_count(), "ranks": world,
               "rows": per_rank[0], "rows_per_rank": per_rank}
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
@@ -170,7 +212,7 @@ def stage_edges(ps: ss.PackedStream, num_workers: int, world: int = 1) -> list[i
     rank has the same batches per plan)."""
     from streamshard.plan.packing_stages import StagePlans
 
-    planner = ps.planner
+    planner = ps.planner  # (a blend's planner has no counts of its own: its stages count their corpora)
     plans = StagePlans(planner.stages(0), planner.counts, planner.config, 0, world * num_workers)
     plans.steps  # every plan built (the counts are all in hand after the epoch)
     return [start * num_workers + w for start in plans.starts[1:-1] for w in range(num_workers)]

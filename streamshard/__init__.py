@@ -1,5 +1,6 @@
 """streamshard: stream Parquet into PyTorch, every sample to exactly one GPU, exactly once per epoch."""
 
+from .io import fork_imports  # noqa: F401 - registers the fork's wait for other threads' imports
 from .streams.blend import BlendedStream
 from .plan.blend_plan import blend_length
 from .plan.blend_schedule import BlendSchedule, blend_counts

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -36,13 +37,15 @@ def launch(nproc: int | None, script: Path, *args: str, timeout: float = 240,
         out, _ = job.communicate(timeout=timeout)
         return job.returncode, out[-6000:]
     except subprocess.TimeoutExpired:
-        os.killpg(job.pid, signal.SIGTERM)  # torchrun passes it on to the ranks
+        os.killpg(job.pid, signal.SIGUSR1)  # job scripts that registered faulthandler on it print their stacks
+        time.sleep(3)
+        os.killpg(job.pid, signal.SIGTERM)  # torchrun passes it on to the ranks (if SIGUSR1 left it alive)
         try:
             out, _ = job.communicate(timeout=15)
         except subprocess.TimeoutExpired:
             os.killpg(job.pid, signal.SIGKILL)
             out, _ = job.communicate()
-        return None, f"killed after {timeout} s:\n{out[-6000:]}"
+        return None, f"killed after {timeout} s:\n{out[-30000:]}"
 
 
 def stacks_then_kill(proc: subprocess.Popen) -> str:

@@ -32,7 +32,7 @@ from streamshard.testing import write_corpus
 pytestmark = pytest.mark.slow  # subprocesses: run by make test, skippable with -m "not slow"
 
 JOB = Path(__file__).resolve().parent / "frameworks" / "lightning_job.py"
-PREEMPTED = 75  # lightning_job.PREEMPTED
+PREEMPTED = 75  # frameworks/preemption.py's PREEMPTED
 LAYOUT = [[100, 60], [37], [], [90, 90, 3], [20]]  # uneven row groups, an empty file
 ROWS = sum(sum(f) for f in LAYOUT)
 BATCH, EPOCHS, EVERY = 12, 2, 6  # 18 steps an epoch on 2 devices x 2 workers: a step checkpoint every 6

@@ -213,6 +213,42 @@ def test_the_count_cache_keeps_a_files_row_groups_as_their_stages_are_counted(st
     assert (merged[2::3] == UNKNOWN).all()
 
 
+def _save_one_by_one(cache_dir: str, path: str, me: int, every: int, start) -> None:
+    """A rank's saves of its own row groups, one more each time (as its counting thread saves stages)."""
+    from streamshard.io.token_count_cache import UNKNOWN, TokenCountCache
+
+    catalog = staged_pack(path).source.catalog
+    cache = TokenCountCache(cache_dir, "some-tokenizer", "text")
+    counts = np.full(catalog.num_row_groups, UNKNOWN, dtype=np.int64)
+    start.wait()
+    for rg in range(me, catalog.num_row_groups, every):
+        counts[rg] = rg * 7 + 1
+        cache.save(catalog, counts)
+
+
+def test_ranks_saving_counts_at_once_keep_each_others(staged_corpus, tmp_path):
+    """Under a mesh every data-parallel group's first rank saves the counts its group split: each save
+    merges into the file under its lock, so none loses what another saved meanwhile."""
+    import multiprocessing
+
+    from streamshard.io.token_count_cache import TokenCountCache
+
+    path, _ = staged_corpus
+    catalog = staged_pack(path).source.catalog
+    context = multiprocessing.get_context("fork")
+    start = context.Event()
+    savers = [context.Process(target=_save_one_by_one, args=(str(tmp_path), path, me, 4, start)) for me in range(4)]
+    for saver in savers:
+        saver.start()
+    start.set()
+    for saver in savers:
+        saver.join(60)
+        assert saver.exitcode == 0
+    got = TokenCountCache(str(tmp_path), "some-tokenizer", "text").load(catalog)
+    lost = np.flatnonzero(got != np.arange(catalog.num_row_groups) * 7 + 1)
+    assert not lost.size, f"row groups {lost.tolist()} lost by saves at once"
+
+
 @pytest.mark.slow
 def test_two_ranks_over_stages_and_epochs(tmp_path):
     """torchrun, 2 ranks, gloo, several stages: each epoch's first stage is counted over the ranks (both
@@ -280,7 +316,7 @@ def test_a_text_stream_has_no_len_so_frameworks_need_no_count_and_sized_true_wai
     assert len(sized) == len(delivered) == len(list(sized))
     with pytest.raises(ValueError, match="sized must be True, False or None"):
         ss.PackedStream(ss.ParquetStream(path), column="text", tokenizer=word_level(), sized="yes")
-    with pytest.raises(ValueError, match="sized=False is for a single raw-text corpus"):
+    with pytest.raises(ValueError, match="sized=False is for a raw-text corpus"):
         ss.PackedStream(ss.BlendedStream({"a": ss.ParquetStream(path), "b": ss.ParquetStream(path)}, {"a": 1.0, "b": 1.0}, 4),
                         column="text", tokenizer=word_level(), sized=False)
 
@@ -308,27 +344,27 @@ def test_a_framework_that_reads_ahead_saves_the_state_of_what_it_trained(staged_
     assert same_batches(list(loader), again)
 
 
-def _split_job(tmp_path, *args, timeout=120):
+def _split_job(tmp_path, *args, timeout=120, processes=2):
     from pathlib import Path
 
     from launch import launch
 
     texts = write_texts(tmp_path / "data", [[9, 14, 6, 11], [12, 8, 10], [7, 13, 9], [10, 6, 12]], seed=8)
-    done = launch(2, Path(__file__).parent / "frameworks" / "text_stages_split_job.py", "--data",
+    done = launch(processes, Path(__file__).parent / "frameworks" / "text_stages_split_job.py", "--data",
                   str(tmp_path / "data"), "--report", str(tmp_path / "report"), "--first-stage-bytes", "150", *args,
                   timeout=timeout)
     reports = [json.loads((tmp_path / "report" / f"rank{r}.json").read_text())
-               if (tmp_path / "report" / f"rank{r}.json").exists() else None for r in range(2)]
+               if (tmp_path / "report" / f"rank{r}.json").exists() else None for r in range(processes)]
     return texts, done, reports
 
 
-def _unsplit_batches(path, rank):
+def _unsplit_batches(path, rank, workers=0):
     """A rank's batches of the same pack without a process group (every stage counted alone)."""
     source = ss.ParquetStream(path, shuffle=True, seed=1, rank=rank, world_size=2)
     ps = ss.PackedStream(source, column="text", seq_len=16, batch_size=2, eos_id=0, first_stage_bytes=150,
                          tokenizer=lambda batch: [[len(w) for w in t.split()] for t in batch])
     out = []
-    for batch in ss.StreamLoader(ps, num_workers=0):
+    for batch in ss.StreamLoader(ps, num_workers=workers, workers="threads"):
         sid, ids = batch["sample_id"].reshape(-1), batch["input_ids"].reshape(-1)
         out.append([[s, t] for s, t in zip(sid.tolist(), ids.tolist()) if s >= 0])
     return out
@@ -376,3 +412,75 @@ def test_a_rank_that_stops_early_hangs_neither_the_other_nor_its_own_exit(tmp_pa
     assert 0 < len(reports[1]["batches"]) < len(reports[0]["batches"]), "rank 1 stopped early"
     alone = present - reports[1]["first_stage_texts"]  # what rank 0 tokenizes to count without the split
     assert reports[0]["counted_texts"] < alone, f"rank 1 never helped with the later stages: {reports}"
+
+
+@pytest.mark.slow
+def test_each_data_parallel_group_of_a_mesh_splits_the_later_stages_over_its_own_ranks(tmp_path):
+    """torchrun, 4 ranks as a ("dp", "tp") = (2, 2) mesh, ``ParquetStream(mesh=mesh["dp"])``: each
+    data-parallel group ({0, 2} and {1, 3}, the same data) splits the later stages over its two ranks
+    (before: every rank counted them all itself, so a group's ranks tokenized far more than the corpus);
+    each rank's batches are those of the same pack counted without a process group, and all exit."""
+    from launch import check
+
+    texts, done, reports = _split_job(tmp_path, "--wait-for-counts", "--mesh", processes=4, timeout=150)
+    check(done)  # a hang is a kill, an abort at exit a signal: both fail here
+    present = sum(t is not None for t in texts)
+    assert [r["dp"] for r in reports] == [0, 0, 1, 1]
+    assert reports[0]["stages"] >= 4, "several later stages"
+    assert all(r["counts"] == reports[0]["counts"] for r in reports) and min(reports[0]["counts"]) >= 0
+    for group in ((0, 2), (1, 3)):  # global ranks of a data-parallel group (its tp index)
+        mine = [reports[r] for r in group]
+        later = [r["counted_texts"] - r["first_stage_texts"] for r in mine]
+        assert sum(r["counted_texts"] for r in mine) == present, f"group {group}: {[r['counted_texts'] for r in mine]} texts tokenized to count {present}"
+        assert all(0 < n < sum(later) for n in later), f"group {group}: both ranks counted a share: {later}"
+        assert len(mine[0]["batches"]) == len(mine[1]["batches"]), "equal steps"
+    unsplit = [_unsplit_batches(str(tmp_path / "data"), dp) for dp in range(2)]
+    for r, report in enumerate(reports):
+        assert report["batches"] == unsplit[report["dp"]], f"rank {r}: other batches than an unsplit count's"
+
+
+def _counted_by_every_process(tmp_path, reports) -> list[int]:
+    """Texts each rank tokenized to count: its process and its DataLoader workers (their log lines)."""
+    per_rank = []
+    for r, report in enumerate(reports):
+        lines = (tmp_path / "report" / f"counted-rank{r}.log").read_text().split("\n")
+        per_rank.append(sum(int(line.split()[1]) for line in lines if line))
+        assert per_rank[-1] >= report["counted_texts"]  # the parent's, and its workers'
+    return per_rank
+
+
+@pytest.mark.slow
+def test_a_ranks_worker_processes_use_its_split_of_the_later_stages_instead_of_counting_them_too(tmp_path):
+    """torchrun, 2 ranks x 2 DataLoader worker processes (a callable tokenizer): the workers, started while
+    their parent's thread splits the later stages over the ranks, wait for its counts instead of
+    counting those stages again between them (before: each rank's workers tokenized every later stage
+    they reached on top of their parent's share); the batches are an unsplit count's."""
+    from launch import check
+
+    texts, done, reports = _split_job(tmp_path, "--workers", "2", "--slow", "0.05")
+    check(done)
+    present = sum(t is not None for t in texts)
+    per_rank = _counted_by_every_process(tmp_path, reports)
+    assert reports[0]["stages"] >= 4, "several later stages"
+    assert sum(per_rank) == present, f"each text tokenized once to count, workers included: {per_rank} of {present}"
+    later = [r["counted_texts"] - r["first_stage_texts"] for r in reports]
+    assert all(n > 0 for n in later), f"both ranks' threads counted a share of the later stages: {later}"
+    for r, report in enumerate(reports):
+        assert report["batches"] == _unsplit_batches(str(tmp_path / "data"), r, workers=2), f"rank {r}"
+
+
+@pytest.mark.slow
+def test_worker_processes_waiting_for_a_split_that_ends_early_count_themselves_and_nothing_hangs(tmp_path):
+    """2 ranks x 2 worker processes; rank 1 stops early and exits while the later stages are split
+    (slowly): rank 0's thread counts the rest alone and lets its claim go, so rank 0's workers, which
+    were waiting for it, get every stage (from it or counting once between them) and deliver the
+    batches of an unsplit count; both exit cleanly."""
+    from launch import check
+
+    texts, done, reports = _split_job(tmp_path, "--workers", "2", "--stop-after", "2", "--slow", "0.15", timeout=90)
+    check(done)  # a hang is a kill after 90 s, an abort at exit a signal: both fail here
+    assert 0 < len(reports[1]["batches"]) < len(reports[0]["batches"]), "rank 1 stopped early"
+    per_rank = _counted_by_every_process(tmp_path, reports)
+    assert sum(per_rank) == sum(t is not None for t in texts), f"a text tokenized twice to count: {per_rank}"
+    got = reports[0]["batches"]
+    assert sorted(map(str, got)) == sorted(map(str, _unsplit_batches(str(tmp_path / "data"), 0, workers=2)))

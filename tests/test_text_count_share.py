@@ -137,3 +137,71 @@ def test_damaged_shared_counts_are_refused_by_name_never_used(damage):
         np.save(path, np.zeros(5, np.int64) if damage == "other shape" else np.zeros(4), allow_pickle=False)
     with pytest.raises(ss.CatalogError, match="source.npy"):
         share.counts("source", np.arange(4), 4, lambda missing: pytest.fail("counted over damaged counts"))
+
+
+def _claim_then(share: CountShare, ready, go, then: str) -> None:
+    """A forked claimant (as a rank's counting thread in the workers' parent): claims row groups 0-3,
+    then publishes their counts and lets go when told (``then="publish"``), beats never and stays
+    (``"silent"``), or dies holding the claim (``"die"``)."""
+    claim = share.claim("source", np.arange(4))
+    ready.set()
+    if then == "die":
+        os._exit(0)
+    go.wait(60)
+    if then == "publish":
+        share.publish("source", np.array([10, 11, 12, 13, -1, -1], np.int64))
+        claim.release()
+    time.sleep(60)
+
+
+@pytest.mark.parametrize("then", ["publish", "silent", "die"])
+def test_claimed_counts_are_waited_for_while_the_claimant_lives_and_beats(then, monkeypatch):
+    """A worker lacking row groups its parent's counting thread claimed waits for the parent's counts
+    instead of tokenizing them too (before: it counted them at once); it counts them itself when the
+    claimant dies or falls silent (no beat for ``CLAIM_STALE_S``), so the wait is bounded."""
+    from streamshard.io import count_share
+
+    monkeypatch.setattr(count_share, "CLAIM_STALE_S", 1.5)
+    owner = Owner()
+    share = CountShare.owned_by(owner)
+    fork = mp.get_context("fork")
+    ready, go = fork.Event(), fork.Event()
+    child = fork.Process(target=_claim_then, args=(share, ready, go, then), daemon=True)
+    child.start()
+    try:
+        assert ready.wait(60)
+        if then == "die":
+            child.join(60)
+        counted: list[list[int]] = []
+
+        def count(missing: np.ndarray) -> np.ndarray:
+            counted.append(missing.tolist())
+            return missing + 100
+
+        threading.Timer(0.5, go.set).start()
+        started = time.monotonic()
+        got = share.counts("source", np.array([1, 2, 5]), 6, count)
+        waited = time.monotonic() - started
+        if then == "publish":
+            assert got.tolist() == [11, 12, 105] and counted == [[5]], "the claimed ones came from the claimant"
+            assert waited >= 0.4, "returned before the claimant published"
+        elif then == "silent":
+            assert got.tolist() == [101, 102, 105] and counted == [[1, 2, 5]]
+            assert 1.0 <= waited < 30, f"a silent claimant is waited for until its claim is stale: {waited:.1f} s"
+        else:
+            assert got.tolist() == [101, 102, 105] and counted == [[1, 2, 5]] and waited < 1.0, "dead: no wait"
+        assert share.counts("source", np.array([1, 5]), 6, lambda m: pytest.fail("counted twice")).tolist() == \
+            [11 if then == "publish" else 101, 105]
+    finally:
+        child.kill()
+        child.join()
+
+
+def test_a_damaged_claim_is_refused_by_name_never_waited_for_nor_ignored():
+    owner = Owner()
+    share = CountShare.owned_by(owner)
+    share.counts("source", np.arange(1), 4, lambda missing: missing + 10)  # makes the share's directory
+    with open(os.path.join(share.directory, "source.claim.0123.npz"), "wb") as f:
+        f.write(b"PK torn")
+    with pytest.raises(ss.CatalogError, match=r"source\.claim\.0123\.npz"):
+        share.counts("source", np.arange(4), 4, lambda missing: pytest.fail("counted past a damaged claim"))

@@ -58,6 +58,22 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
+@contextmanager
+def file_locked(path: str, mode: int = 0o644) -> Iterator[None]:
+    """Hold an exclusive ``flock`` of ``path`` (made if missing), waiting while another process holds
+    it; released if the holder dies, and never kept by a child forked meanwhile (above)."""
+    with _lock_fds_guard:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, mode)
+        _lock_fds.add(fd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        with _lock_fds_guard:
+            _lock_fds.discard(fd)
+            os.close(fd)  # the flock goes with the last descriptor
+
+
 class ProcessShare:
     """Where the processes of one owner meet: a token and, once resolved, its directory.
 
@@ -101,7 +117,12 @@ class ProcessShare:
     def may_have_workers(self) -> bool:
         """Whether a process other than this one may need what is shared: this process has forked or
         pickled the owner since the share was made, or some process has begun sharing already."""
-        return self._pickled or _forks > self._forks_at_birth or self.started()
+        return self.copied() or self.started()
+
+    def copied(self) -> bool:
+        """Whether this process has forked or pickled the owner since the share was made (so a copy
+        of it may run in another process)."""
+        return self._pickled or _forks > self._forks_at_birth
 
     def started(self) -> bool:
         """Whether some process of this owner has begun sharing (then this one must join)."""
@@ -112,16 +133,8 @@ class ProcessShare:
         """Hold the exclusive lock ``name`` of the share (waiting while another process holds it);
         yields the directory."""
         directory = self._make_directory()
-        with _lock_fds_guard:
-            fd = os.open(os.path.join(directory, name), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            _lock_fds.add(fd)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # released if the holder dies
+        with file_locked(os.path.join(directory, name), 0o600):
             yield directory
-        finally:
-            with _lock_fds_guard:
-                _lock_fds.discard(fd)
-                os.close(fd)  # the flock goes with the last descriptor
 
     def _remove(self, owner_pid: int) -> None:
         if os.getpid() == owner_pid:  # a forked child inherits the finalizer; the directory is the owner's

@@ -126,6 +126,16 @@ _SHARED: dict[tuple[int, str, str], Any] = {}
 _SHARED_LOCK = threading.Lock()
 
 
+def _fresh_shared_lock_in_child() -> None:
+    """A forked child's lock anew: a thread of its parent (a counting thread making its reader, which may
+    take a new S3 client's 75-310 ms) may have held it at the fork, and that thread is not in the child."""
+    global _SHARED_LOCK
+    _SHARED_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_shared_lock_in_child)
+
+
 def _shared_filesystem(protocol: str, url: str, storage_options: dict[str, Any]) -> Any:
     key = (os.getpid(), protocol, json.dumps(storage_options, sort_keys=True, default=repr))
     with _SHARED_LOCK:

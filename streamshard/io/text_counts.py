@@ -81,7 +81,8 @@ def count_text_tokens(catalog: Any, storage_options: dict[str, Any], column: str
 
 def count_over_ranks(units: np.ndarray, known: np.ndarray, count: Callable[[np.ndarray], np.ndarray],
                      gather: Callable[[Any], list[Any]], place: tuple[int, int], weights: np.ndarray,
-                     round_weight: float, leaving: Callable[[], bool] = lambda: False) -> np.ndarray:
+                     round_weight: float, leaving: Callable[[], bool] = lambda: False,
+                     beat: Callable[[], None] = lambda: None) -> np.ndarray:
     """Tokens of ``units`` (a later stage of a text epoch), counted over the ranks that ``gather`` joins
     (``gather(value)``: every rank's JSON-safe value, in rank order; ``place``: this rank and their
     number). What some rank already holds (``known``, ``UNKNOWN`` elsewhere: ranks may differ, e.g.
@@ -98,10 +99,17 @@ def count_over_ranks(units: np.ndarray, known: np.ndarray, count: Callable[[np.n
     counts the rest alone: counts are deterministic, so the split only makes them come sooner.
     ``leaving()`` true on a rank (its process is exiting) is sent with its next gather, after which
     every rank raises ``CollectiveFailed`` at the same point: the group is left in step, with no
-    collective left half-done."""
+    collective left half-done. ``beat()`` is called after every gather (the split goes on: a worker
+    process waiting for its parent's counts keeps waiting, ``io/count_share.py``)."""
     counts = np.asarray(known, dtype=np.int64).copy()
+
+    def gather_and_beat(value: Any) -> list[Any]:
+        shares = gather(value)
+        beat()
+        return shares
+
     try:
-        return _count_over_ranks(np.asarray(units, dtype=np.int64), counts, count, gather, place, weights,
+        return _count_over_ranks(np.asarray(units, dtype=np.int64), counts, count, gather_and_beat, place, weights,
                                  round_weight, leaving)
     except collective.CollectiveFailed as exc:
         exc.counts = counts  # what was counted here or gathered before it failed: not to be counted again

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from .catalog_cache import write_json_atomically
+from .process_share import file_locked
 from .storage import redact_url
 
 log = logging.getLogger("streamshard")
@@ -67,8 +68,18 @@ class TokenCountCache:
     def save(self, catalog: Any, counts: np.ndarray) -> None:
         """Merge ``catalog``'s counts (files with a version only; ``UNKNOWN`` where a row group is not
         counted yet: an epoch counted in stages saves a file's row groups as their stages are
-        counted) into the file, atomically; a cache that cannot be written is a warning, never a
-        failure (training does not need it)."""
+        counted) into the file, atomically, under the file's lock (ranks saving at once keep each
+        other's counts); a cache that cannot be written is a warning, never a failure (training does
+        not need it)."""
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            with file_locked(f"{self.path}.lock"):
+                self._merge(catalog, counts)
+        except OSError as exc:
+            warnings.warn(f"token count cache {self.path} cannot be written ({type(exc).__name__}: {exc}); "
+                          "the tokens will be counted again next time", stacklevel=2)
+
+    def _merge(self, catalog: Any, counts: np.ndarray) -> None:
         files = self._read_files()
         for f, url in enumerate(catalog.urls):
             version = catalog.versions[f] if catalog.versions else ""
@@ -81,11 +92,7 @@ class TokenCountCache:
                 mine = np.where(mine >= 0, mine, np.asarray(old["counts"], dtype=np.int64))
             files[key] = {"size": size, "version": version, "counts": [int(c) for c in mine]}
         payload = {"format": FORMAT, "key": self.key, "files": files, "digest": _digest(files)}
-        try:
-            write_json_atomically(self.path, payload, ".tokens-")
-        except OSError as exc:
-            warnings.warn(f"token count cache {self.path} cannot be written ({type(exc).__name__}: {exc}); "
-                          "the tokens will be counted again next time", stacklevel=2)
+        write_json_atomically(self.path, payload, ".tokens-")
 
     def _read_files(self) -> dict[str, Any]:
         try:

@@ -206,8 +206,7 @@ class BlendBatches(Schedule):
         """Specs in order, each naming the reads no later batch needs: a corpus is read in order, so a
         read is finished once a batch uses a later read of the same corpus."""
         open_reads: dict[int, set[int]] = {}
-        for index in range(start, self.steps):
-            spec = self.batch(index)
+        for spec in self._specs(start):
             used: dict[int, set[int]] = {}
             for kid, what in spec.reads.items():
                 used.setdefault(what.source, set()).add(kid)
@@ -216,6 +215,9 @@ class BlendBatches(Schedule):
                 done.extend(open_reads.get(source, set()) - kids)
                 open_reads[source] = kids
             yield replace(spec, done=tuple(sorted(set(done))))
+
+    def _specs(self, start: int) -> Iterator[BatchSpec]:
+        return (self.batch(index) for index in range(start, self.steps))
 
     def shape_donor(self) -> BatchSpec | None:
         if self.real_batches > 0:

@@ -133,15 +133,19 @@ class PackedBlendBatches(BlendBatches):
         if not spec.rows:
             return BatchSpec(index, {}, _EMPTY, _EMPTY, _EMPTY, self.slots, corpus=_EMPTY, slot=_EMPTY)
         corpus, sequence = self.blend.samples(spec.sample_id)  # plain or steered (set_weights)
-        tokens = self.tokens[corpus]
-        epoch, s = np.divmod(sequence, -(-tokens // self.seq_len))
-        first = epoch * tokens + s * self.seq_len  # the sequence's first token in the corpus's endless stream
-        length = np.minimum(self.seq_len, tokens - s * self.seq_len)
+        first, length = self.sequences(corpus, sequence)
         owner = np.repeat(np.arange(len(length), dtype=np.int64), length)
         offset = np.arange(len(owner), dtype=np.int64) - np.repeat(np.cumsum(length) - length, length)
         reads, key, row, sample_id = self.place(corpus[owner], first[owner] + offset)
         return BatchSpec(index, reads, key, row, sample_id, self.slots - len(owner), corpus=corpus[owner],
                          slot=owner * self.seq_len + offset)
+
+    def sequences(self, corpus: np.ndarray, sequence: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(first token, tokens)`` of each corpus sequence: its first token in the corpus's endless
+        token stream (epoch after epoch) and its length (``seq_len``, less for an epoch's last one)."""
+        tokens = self.tokens[corpus]
+        epoch, s = np.divmod(sequence, -(-tokens // self.seq_len))
+        return epoch * tokens + s * self.seq_len, np.minimum(self.seq_len, tokens - s * self.seq_len)
 
     def shape_donor(self) -> BatchSpec | None:
         return None  # packed batches are assembled from their spec alone, padding ones included

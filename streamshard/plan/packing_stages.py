@@ -38,7 +38,7 @@ import os
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -154,6 +154,31 @@ class StageCounts:
         return Layout(np.maximum(self.tokens, 0), self.rg_file)
 
 
+class CountedStages:
+    """A text corpus's epoch as the source of ``StagePlans``: stage ``k``'s stream is its units' tokens,
+    counted when first asked for. (``plan/blend_stages.py`` is the other source: a packed blend's positions.)"""
+
+    def __init__(self, stages: Stages, counts: StageCounts) -> None:
+        self.stages, self.counts = stages, counts
+
+    def __len__(self) -> int:
+        return len(self.stages)
+
+    def stream(self, k: int) -> Pieces:
+        """Stage ``k``'s tokens, unit after unit (counted now where not yet)."""
+        units = self.stages.units(k)
+        tokens = self.counts.of(units)
+        keep = tokens > 0
+        return Pieces(units[keep], np.zeros(int(keep.sum()), dtype=np.int64), tokens[keep])
+
+    def ready(self, k: int) -> bool:
+        """Whether stage ``k``'s stream is at hand without counting."""
+        return self.counts.counted(self.stages.units(k))
+
+    def layout(self) -> Layout:
+        return self.counts.layout()
+
+
 @dataclass(frozen=True)
 class Rest:
     """What an epoch has left: ``head`` (counted tokens, in order), then stages ``stage..`` whole."""
@@ -172,18 +197,23 @@ def _split_rows(pieces: Pieces, n: int) -> tuple[Pieces, Pieces]:
 
 
 class StagePlans:
-    """The plans of ``global_workers`` workers over ``rest`` of an epoch, built one at a time when asked."""
+    """The plans of ``global_workers`` workers over ``rest`` of an epoch, built one at a time when asked.
 
-    def __init__(self, stages: Stages, counts: StageCounts, config: PlanConfig, epoch: int, global_workers: int,
-                 rest: Rest | None = None) -> None:
+    ``stages``: a text epoch's ``Stages`` with their ``counts``, or (``counts`` None) any staged source
+    with ``len``, ``stream(k)`` (stage ``k``'s rows as ``Pieces``), ``ready(k)`` and ``layout()``,
+    such as a packed blend's positions (``plan/blend_stages.py``)."""
+
+    def __init__(self, stages: Stages | Any, counts: StageCounts | None, config: PlanConfig, epoch: int,
+                 global_workers: int, rest: Rest | None = None) -> None:
         if config.batch_size is None or config.uneven != "pad" or config.shuffle_window != 1:
             raise ValueError("stage plans are for packed tokens: an int batch size, uneven='pad', no shuffle window")
-        self.stages, self.counts, self.config, self.epoch = stages, counts, config, epoch
+        self.source = CountedStages(stages, counts) if counts is not None else stages
+        self.config, self.epoch = config, epoch
         self.global_workers = global_workers
         self.rest = rest if rest is not None else Rest()
         has_head = len(self.rest.head) > 0
         # The stage each stream comes from (None: the head).
-        self.sources: list[int | None] = ([None] if has_head else []) + list(range(self.rest.stage, len(stages)))
+        self.sources: list[int | None] = ([None] if has_head else []) + list(range(self.rest.stage, len(self.source)))
         self.plans: list[EpochPlan] = []
         self.carries: list[Pieces] = [Pieces.empty()]  # carries[j]: tokens carried into plan j
         self.starts = [0]  # starts[j]: batches per worker before plan j
@@ -191,12 +221,7 @@ class StagePlans:
 
     def _stream(self, i: int) -> Pieces:
         k = self.sources[i]
-        if k is None:
-            return self.rest.head
-        units = self.stages.units(k)
-        tokens = self.counts.of(units)
-        keep = tokens > 0
-        return Pieces(units[keep], np.zeros(int(keep.sum()), dtype=np.int64), tokens[keep])
+        return self.rest.head if k is None else self.source.stream(k)
 
     def plan(self, j: int) -> EpochPlan | None:
         """Plan ``j`` (built now, with its stage counted, if not yet); None past the last."""
@@ -208,7 +233,7 @@ class StagePlans:
                 quantum = self.global_workers * int(self.config.batch_size or 1)
                 planned = total if i == len(self.sources) - 1 else total // quantum * quantum
                 mine, carry = _split_rows(stream, planned)
-                plan = EpochPlan(self.counts.layout(), self.config, self.epoch, self.global_workers, mine)
+                plan = EpochPlan(self.source.layout(), self.config, self.epoch, self.global_workers, mine)
                 self.plans.append(plan)
                 self.carries.append(carry)
                 self.starts.append(self.starts[-1] + plan.steps)
@@ -219,7 +244,7 @@ class StagePlans:
         if j < len(self.plans) or j >= len(self.sources):
             return True
         source = self.sources[j]
-        return source is None or self.counts.counted(self.stages.units(source))
+        return source is None or self.source.ready(source)
 
     @property
     def steps(self) -> int:
@@ -254,7 +279,7 @@ class StagePlans:
                 if left:
                     raise ValueError(f"a rank cannot have consumed {segment.batches} batches: the epoch has "
                                      f"{self.starts[-1] * n} per rank")
-                return Rest(Pieces.empty(), len(self.stages))
+                return Rest(Pieces.empty(), len(self.source))
             here = plan.steps * n
             if left < here:
                 head = remaining_stream(plan, Segment(segment.world_size, segment.num_workers, left))
@@ -264,10 +289,10 @@ class StagePlans:
 
     def _next_stage(self, j: int) -> int:
         """The first stage not in plans ``0..j``."""
-        return self.sources[j + 1] if j + 1 < len(self.sources) else len(self.stages)
+        return self.sources[j + 1] if j + 1 < len(self.sources) else len(self.source)
 
 
-def staged_resume(stages: Stages, counts: StageCounts, config: PlanConfig, epoch: int, history: list[Segment],
+def staged_resume(stages: Stages | Any, counts: StageCounts | None, config: PlanConfig, epoch: int, history: list[Segment],
                   world_size: int, num_workers: int) -> tuple[StagePlans, int]:
     """The plans of the current topology after ``history``, and the batches per rank already consumed
     in them (``elastic.resume_plan`` for stage plans)."""
@@ -370,10 +395,12 @@ class _Upcoming:
 class StagedPlanner:
     """``resume.Planner`` for stage plans: a worker's start, a rank's batches, a state's check.
 
-    ``stages(epoch)`` gives an epoch's stages (fixed by seed and epoch, not by counts or topology)."""
+    ``stages(epoch)`` gives an epoch's stages (fixed by seed and epoch, not by counts or topology): a
+    text corpus's ``Stages`` over ``counts``, or, ``counts`` None, a staged source of its own (a packed
+    blend's positions, ``plan/blend_stages.py``)."""
 
-    stages: Callable[[int], Stages]
-    counts: StageCounts
+    stages: Callable[[int], Any]
+    counts: StageCounts | None
     config: PlanConfig
 
     split = Planner.split

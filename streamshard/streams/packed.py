@@ -8,6 +8,7 @@ packed corpus by corpus and blends sequences, planned like a blend's positions (
 
 from __future__ import annotations
 
+import logging
 import threading
 from functools import partial
 from typing import Any, Callable, Iterator, Sequence
@@ -26,10 +27,11 @@ from ..plan.blend_schedule import blend_counts
 from .dataset import ParquetStream
 from .delivery import deliver
 from ..io.fetch import ReadStats
-from ..errors import ConversionError, ReadError
+from ..errors import CatalogError, ConversionError, ReadError, StateError
 from ..plan.elastic import Segment
 from ..plan.packing_plan import PackedBlendBatches, TokenGroup, pack, segment_bounds, token_counts, token_group
-from ..plan.packing_stages import StageCounts, StagedPlanner, Stages
+from ..plan.packing_stages import StageCounts, StagedPlanner, StagedSchedule, Stages
+from ..plan.blend_stages import BlendStages, CorpusTokens, StagedBlendBatches, corpus_first_bytes
 from ..plan.epoch_plan import EpochPlan, Layout, PlanConfig, stream_order
 from ..io.reader import RowGroupReader
 from ..plan.resume import Planner, Position, Start
@@ -37,7 +39,7 @@ from ..plan.steering import SteerSpec, WeightSteering
 from .stream_base import PlannedStream
 from ..convert.tensors import Batch
 from ..io import collective
-from ..io.count_share import CountShare
+from ..io.count_share import Claim, CountShare
 from ..io.text_counts import count_text_tokens, row_group_texts
 from .stage_counting import count_later_stages, count_later_stages_alone, rank_counting
 from ..convert.text_tokenizer import TextTokenizer
@@ -45,6 +47,7 @@ from ..io.token_count_cache import TokenCountCache
 from ..plan.topology import current_worker
 from ..plan.validate import check_int
 
+log = logging.getLogger("streamshard")
 TOKENS = "input_ids"  # the batch key of the ids of a tokenized text column
 FIRST_STAGE_BYTES = 8 << 20  # compressed text in a cold text epoch's first counting stage: a few seconds to count
 
@@ -90,7 +93,8 @@ class PackedStream(WeightSteering, PlannedStream):
     leftover tokens carried into the next stage; only the epoch's last batches pad). ``set_epoch``
     counts the first stage (split over the ranks of an initialised process group, with a progress
     bar on a terminal) and a background thread counts the others while training runs (split over
-    the ranks too under a default process group: ``streams/stage_counting.py``); a stage not
+    the same ranks: the default group's, or a device mesh's data-parallel group's with
+    ``mesh=mesh["dp"]``; ``streams/stage_counting.py``); a stage not
     counted when training reaches it is counted then. Such a stream has no ``len()`` (a
     ``TypeError``, as for any iterable dataset without a length, whether its counts are cached or
     not: every rank answers alike), so a framework that asks for it before the first step (Lightning)
@@ -98,8 +102,11 @@ class PackedStream(WeightSteering, PlannedStream):
     waits for the count and gives the exact number, and ``sized=True`` makes ``len()`` do that.
     Counts are kept in the source's ``catalog_cache`` directory, keyed by file version and
     tokenizer identity, so a warm start reads one JSON file (``io/token_count_cache.py``) and plans the
-    same stages, hence the same batches. A single-corpus pack only: a blend of text corpora needs
-    every corpus's total to blend, so it counts everything first. Reading tokenizes again on the
+    same stages, hence the same batches. A blend of text corpora with an explicit ``num_samples`` is
+    planned in stages by its positions (``plan/blend_stages.py``: each stage the positions whose
+    sequences lie in every corpus's counted stages; ``set_epoch`` counts every corpus's first stage,
+    the rest is counted beside training, split over the ranks as above; ``set_weights`` is refused there); one without ``num_samples``
+    takes its length from every corpus's total, so it counts everything first. Reading tokenizes again on the
     read-ahead threads, beside training, and checks each row group gives the counted tokens.
     No special token is added silently: a ``tokenizers.Tokenizer`` is called with
     ``add_special_tokens=False``; ``bos_id``/``eos_id`` put one token before/after every document.
@@ -119,12 +126,14 @@ class PackedStream(WeightSteering, PlannedStream):
             change whenever its output can change); without it a callable's counts are not cached.
             A ``tokenizers.Tokenizer`` is identified by the hash of its JSON and takes no name.
         first_stage_bytes: with ``tokenizer``, the compressed bytes of text (from the footers) in an
-            epoch's first counting stage, which ``set_epoch`` counts before the first step. Part of
-            the order (states record it).
-        sized: with ``tokenizer`` (a single corpus), whether ``len()`` is defined: None or False (the
-            default), no length, so training starts after the first stage; True, ``len()`` waits for
-            the whole count and gives the exact number (a framework's progress total, Lightning's
-            ``estimated_stepping_batches``). Other packs always have a length (False is refused).
+            epoch's first counting stage, which ``set_epoch`` counts before the first step (a blend
+            with ``num_samples``: shared by its corpora by their positions). Part of the order
+            (states record it).
+        sized: with ``tokenizer`` (a single corpus, or a blend with ``num_samples``), whether ``len()``
+            is defined: None or False (the default), no length, so training starts after the first
+            stage; True, ``len()`` waits for the whole count and gives the exact number (a framework's
+            progress total, Lightning's ``estimated_stepping_batches``). Other packs always have a
+            length (False is refused).
     """
 
     def __init__(self, source: ParquetStream | BlendedStream, column: str = "input_ids", seq_len: int = 2048,
@@ -161,19 +170,27 @@ class PackedStream(WeightSteering, PlannedStream):
         self._sequences: int | None = None
         self.first_stage_bytes = check_int(first_stage_bytes, "first_stage_bytes", 1)
         self._staged = self.text is not None and self.blend is None  # a text epoch planned in stages
-        if first_stage_bytes != FIRST_STAGE_BYTES and not self._staged:
-            raise ValueError("first_stage_bytes sizes the first counted stage of a single raw-text corpus "
-                             "(tokenizer=); " + ("a blend of text corpora is counted whole before its first step"
-                                                 if self.text is not None else "a token column needs no counting"))
+        # A blend of text corpora of explicit length: its positions planned in stages (plan/blend_stages.py).
+        self._staged_blend = self.text is not None and self.blend is not None and self.blend._num_samples is not None
+        in_stages = self._staged or self._staged_blend
+        if first_stage_bytes != FIRST_STAGE_BYTES and not in_stages:
+            raise ValueError("first_stage_bytes sizes the first counted stage of a raw-text corpus or of a blend of "
+                             "them with num_samples (tokenizer=); " + (
+                                 "a blend of text corpora without num_samples is counted whole before its first step"
+                                 if self.text is not None else "a token column needs no counting"))
         if sized is not None and not isinstance(sized, bool):
             raise ValueError(f"sized must be True, False or None, got {sized!r}")
-        if sized is False and not self._staged:
-            raise ValueError("sized=False is for a single raw-text corpus (tokenizer=), whose length needs its whole "
-                             "token count; this pack's length is known before its first step")
-        self._sized = sized is not False if not self._staged else bool(sized)
+        if sized is False and not in_stages:
+            raise ValueError("sized=False is for a raw-text corpus (tokenizer=) or a blend of them with num_samples, "
+                             "whose length needs the whole token count; this pack's length is known before its "
+                             "first step")
+        self._sized = sized is not False if not in_stages else bool(sized)
         self._counts: StageCounts | None = None  # staged: tokens per row group, filled a stage at a time
         self._stages: tuple[int, Stages] | None = None  # staged: the last epoch's stages
         self._counter: threading.Thread | None = None  # staged: the thread counting the later stages
+        self._blend_counts: list[StageCounts] | None = None  # staged blend: each corpus's tokens per row group
+        self._blend_tokens: list[CorpusTokens | None] | None = None  # staged blend: each corpus's sequences
+        self._blend_stages: dict[int, BlendStages] = {}  # staged blend: per epoch
         self._count_share = CountShare.owned_by(self)  # text: counts its worker processes share (a token only)
         self._init_steering()
 
@@ -202,6 +219,8 @@ class PackedStream(WeightSteering, PlannedStream):
         super().set_epoch(epoch)
         if self._staged:
             self._count_first_stage(epoch)
+        elif self._staged_blend:
+            self._count_blend_first_stage(epoch)
         else:
             self._token_counts()
 
@@ -226,6 +245,9 @@ class PackedStream(WeightSteering, PlannedStream):
     def num_sequences(self) -> int:
         """Sequences per epoch: for a blend, the blend's length in sequences (``stop`` applied to each
         corpus's sequences, or its explicit ``num_samples``); otherwise ``ceil(num_tokens / seq_len)``."""
+        if self._sequences is None and self._staged_blend:
+            assert self.blend is not None and self.blend._num_samples is not None
+            self._sequences = self.blend._num_samples  # a corpus of no tokens is found when its sequences are located
         if self._sequences is None:
             per_corpus = [-(-int(t.sum()) // self.seq_len) for t in self._token_counts()]
             if self.blend is None:
@@ -259,6 +281,8 @@ class PackedStream(WeightSteering, PlannedStream):
     def planner(self) -> Planner | StagedPlanner:  # type: ignore[override]
         if self._staged:
             return StagedPlanner(self._epoch_stages, self._stage_counts(), self._token_config(0))
+        if self._staged_blend:
+            return StagedPlanner(self._blend_epoch_stages, None, position_config(self.batch_size))
         if self.blend is not None:
             return Planner(position_layout(self.num_sequences), position_config(self.batch_size), None)
         return Planner(self._token_layout(0), self._token_config(0), None)
@@ -275,10 +299,12 @@ class PackedStream(WeightSteering, PlannedStream):
         if self.blend is None:
             return {**corpus(self.source), **packing, "tokens": self.num_tokens}
         blend = self.blend
-        return {"corpora": [{"name": n, **corpus(ds)} for n, ds in zip(blend.names, blend.datasets)],
-                "weights": blend.weights.tolist(), "seed": blend.seed, "stop": blend.stop, "order": blend.order,
-                "num_sequences": self.num_sequences, **packing,
-                "tokens": [int(t.sum()) for t in self._token_counts()]}
+        fields = {"corpora": [{"name": n, **corpus(ds)} for n, ds in zip(blend.names, blend.datasets)],
+                  "weights": blend.weights.tolist(), "seed": blend.seed, "stop": blend.stop, "order": blend.order,
+                  "num_sequences": self.num_sequences, **packing}
+        if self._staged_blend:  # no totals, as for one corpus
+            return {**fields, "first_stage_bytes": self.first_stage_bytes}
+        return {**fields, "tokens": [int(t.sum()) for t in self._token_counts()]}
 
     def schedule(self, worker_id: int = 0, num_workers: int = 0) -> Schedule:
         """The exact batches DataLoader worker ``worker_id`` of this rank delivers in this pass, without reading."""
@@ -290,6 +316,11 @@ class PackedStream(WeightSteering, PlannedStream):
         if self.blend.weight_changes:
             raise ValueError("the BlendedStream inside this PackedStream had its weights changed; a pack blends sequences, "
                              "so call set_weights on the PackedStream")
+        if self._staged_blend:
+            assert isinstance(start.schedule, StagedSchedule)
+            stages = self._blend_epoch_stages(start.schedule.plans.epoch)
+            return StagedBlendBatches(start.schedule, stages.blend, self._corpus_tokens(), self.seq_len,  # type: ignore[arg-type]
+                                      self.batch_size)
         assert isinstance(start.schedule, StreamSchedule)
         epoch = start.schedule.plan.epoch
         blend: Any = BlendMap(self.blend.weights, self.num_sequences, self.blend.order, self.blend.seed, epoch)
@@ -302,6 +333,25 @@ class PackedStream(WeightSteering, PlannedStream):
     @property
     def _steerable(self) -> bool:
         return self.blend is not None
+
+    def set_weights(self, weights: Any) -> None:
+        """``WeightSteering.set_weights``; refused for a blend of text corpora with ``num_samples`` (its
+        positions are planned in stages, and steering needs every corpus's sequence count)."""
+        if self._staged_blend:
+            raise TypeError(_NO_STEERING)
+        super().set_weights(weights)
+
+    def _use_changes(self, changes: list[Any]) -> None:
+        if changes and self._staged_blend:
+            raise StateError(f"weight_changes: {_NO_STEERING}")
+        super()._use_changes(changes)
+
+    def _parse_changes(self, raw: Any) -> list[Any]:
+        if self._staged_blend:  # none may be recorded (and checking none needs no count)
+            if raw != []:
+                raise StateError(f"state['weight_changes'] must be [] here ({_NO_STEERING}), got {raw!r:.80}")
+            return []
+        return super()._parse_changes(raw)
 
     def _steer_spec(self) -> SteerSpec:
         assert self.blend is not None
@@ -356,7 +406,7 @@ class PackedStream(WeightSteering, PlannedStream):
             check_planning_room(start.schedule, catalog.place, self._token_counts()[0], "tokens")
 
     def _deliver(self, start: Start) -> Iterator[Any]:
-        if not self._staged:
+        if not self._staged and not self._staged_blend:
             self._token_counts()  # counted in the main process when set_epoch was called there
         self._column_dtypes()
         assert self._dtypes is not None
@@ -412,7 +462,8 @@ class PackedStream(WeightSteering, PlannedStream):
         """A text row group tokenized (on the read-ahead thread that read it), checked against its count."""
         assert self.text is not None
         catalog = self.corpora[k].catalog
-        tokens = self._stage_counts().tokens if self._staged else self._token_counts()[k]  # counted when planned
+        tokens = (self._counts_of(k).tokens if self._staged or self._staged_blend
+                  else self._token_counts()[k])  # counted when planned
         file_index, index = int(catalog.rg_file[rg]), int(catalog.rg_index[rg])
         where = f"{catalog.urls[file_index]}: row group {index}"
         texts = row_group_texts(reader.read(file_index, index), self.column)
@@ -432,11 +483,11 @@ class PackedStream(WeightSteering, PlannedStream):
             self._column_dtypes()
             if self.text is None:
                 self._tokens = [token_counts(ds.catalog, self.column) for ds in self.corpora]
-            elif self._staged:  # every stage (len(), num_tokens): waits for the count
-                counts = self._stage_counts()
-                self._tokens = [counts.of(np.arange(len(counts.tokens), dtype=np.int64))]
+            elif self._staged or self._staged_blend:  # every stage (len(), num_tokens): waits for the count
+                self._tokens = [self._counts_of(k).of(np.arange(len(self._counts_of(k).tokens), dtype=np.int64))
+                                for k in range(len(self.corpora))]
             else:
-                self._tokens = [self._count_text(f"corpus-{i}", ds) for i, ds in enumerate(self.corpora)]
+                self._tokens = [self._count_text(_share_name(i), ds) for i, ds in enumerate(self.corpora)]
         return self._tokens
 
     def _column_dtypes(self) -> dict[str, np.dtype]:
@@ -464,10 +515,10 @@ class PackedStream(WeightSteering, PlannedStream):
             self._stages = (epoch, Stages.split(order, self._text_weights(), self.first_stage_bytes))
         return self._stages[1]
 
-    def _text_weights(self) -> np.ndarray:
+    def _text_weights(self, catalog: Any = None) -> np.ndarray:
         """What counting each row group costs: its compressed text bytes (rows where the catalog has no
-        byte ranges)."""
-        catalog = self.source.catalog
+        byte ranges); of ``catalog``, the source's by default."""
+        catalog = catalog if catalog is not None else self.source.catalog
         if catalog.rg_ranges is not None and self.column in catalog.file_columns:
             span = catalog.rg_ranges[:, catalog.file_columns.index(self.column)]
             return (span[:, 1] - span[:, 0]).astype(np.float64)
@@ -476,33 +527,41 @@ class PackedStream(WeightSteering, PlannedStream):
     def _stage_counts(self) -> StageCounts:
         """The token counts, as far as counted: the cache's at first (this process's view of it)."""
         if self._counts is None:
-            assert self.text is not None
-            ds = self.source
-            self._column_dtypes()
-            cache = self._count_cache()
-            known = cache.load(ds.catalog) if cache is not None else None
-            self._counts = StageCounts(ds.catalog.rg_file, self._count_stage, known)
+            self._counts = self._new_counts(0)
         return self._counts
 
-    def _count_cache(self) -> TokenCountCache | None:
+    def _new_counts(self, k: int, known: np.ndarray | None = None) -> StageCounts:
+        """Corpus ``k``'s token counts: ``known`` (a pickled copy's), else the cache's (this process's view)."""
+        ds = self.corpora[k]
+        if known is None:  # first made here: check the column first (a pickled copy's parent did)
+            self._column_dtypes()
+            cache = self._count_cache(k)
+            known = cache.load(ds.catalog) if cache is not None else None
+        return StageCounts(ds.catalog.rg_file, partial(self._count_corpus, k), known)
+
+    def _counts_of(self, k: int) -> StageCounts:
+        """Corpus ``k``'s counts in stages (a single corpus's, or a staged blend's corpus ``k``'s)."""
+        return self._stage_counts() if self._staged else self._corpus_counts()[k]
+
+    def _count_cache(self, k: int = 0) -> TokenCountCache | None:
         assert self.text is not None
-        ds = self.source
+        ds = self.corpora[k]
         return TokenCountCache(ds.catalog_cache, self.text.identity, self.column) \
             if ds.catalog_cache and self.text.identity else None
 
-    def _count_stage(self, rgs: np.ndarray, what: str = "(a later stage of the epoch, beside training)",
-                     quiet: bool = True) -> np.ndarray:
-        """Count row groups a plan needs in this process: what another worker process of this pack
-        counted (``io/count_share.py``), then the cache again (another run may have counted them), then
-        tokenizing what it lacks; saved for the next run."""
+    def _count_corpus(self, k: int, rgs: np.ndarray, what: str = "(a later stage of the epoch, beside training)",
+                      quiet: bool = True) -> np.ndarray:
+        """Count corpus ``k``'s row groups a plan needs in this process: what another worker process of
+        this pack counted (``io/count_share.py``), then the cache again (another run may have counted
+        them), then tokenizing what it lacks; saved for the next run."""
         assert self.text is not None
-        ds, text = self.source, self.text
+        ds, text = self.corpora[k], self.text
 
         def count(missing: np.ndarray) -> np.ndarray:
             return count_text_tokens(ds.catalog, ds.storage_options, self.column, text, ds.catalog_cache,
                                      quiet=quiet, rgs=missing, what=what)[missing]
 
-        return self._shared_count("source", rgs, ds, count)
+        return self._shared_count(_share_name(k), rgs, ds, count)
 
     def _shared_count(self, name: str, rgs: np.ndarray, ds: ParquetStream,
                       count: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
@@ -519,28 +578,20 @@ class PackedStream(WeightSteering, PlannedStream):
         counts, stages = self._stage_counts(), self._epoch_stages(epoch)
         if not len(stages):
             return
-        first, ds = stages.units(0), self.source
+        ds = self.source
         distributed = current_worker()[1] == 0 and ds._splits_catalog()
-        what = f"(the first of {len(stages)} stages of epoch {epoch})"
-        # Split over the ranks, every rank joins, whatever it holds (rank 0's view decides what is left to count).
-        if distributed:
-            got = count_text_tokens(ds.catalog, ds.storage_options, self.column, self.text, ds.catalog_cache,
-                                    distributed=distributed, group=ds._catalog_group, rgs=first, known=counts.tokens,
-                                    what=what)
-            counts.fill(first, got[first])
-        elif not counts.counted(first):
-            missing = first[counts.tokens[first] < 0]
-            counts.fill(missing, self._count_stage(missing, what, quiet=False))
-        split = distributed and ds._catalog_group is None and collective.process_group() is not None
-        service = rank_counting() if split else None
+        self._count_first(0, stages.units(0), distributed, f"(the first of {len(stages)} stages of epoch {epoch})")
+        place = collective.process_group(ds._catalog_group) if distributed else None
+        service = rank_counting(ds._catalog_group) if place is not None else None
         if service is not None:
-            # Every rank is here, in the same order (the first stage was a collective): the later stages
-            # are split over the ranks by the counting group's thread, in the order of these calls.
-            rank, world = collective.process_group() or (0, 1)
+            # Every rank of the group is here, in the same order (the first stage was a collective): the
+            # later stages are split over its ranks by the counting group's thread, in the order of these calls.
+            rank, world = place
             service.add(partial(
-                count_later_stages, counts=counts, stages=stages, known=self._known_counts,
-                count_mine=self._count_rank_share, saved=self._save_counts if rank == 0 else lambda tokens: None,
-                weights=self._text_weights(), round_weight=float(world * self.first_stage_bytes)))
+                count_later_stages, counts=counts, stages=stages, known=partial(self._known_counts, 0),
+                count_mine=partial(self._count_rank_share, 0), saved=partial(self._stage_counted, cache=rank == 0),
+                weights=self._text_weights(), round_weight=float(world * self.first_stage_bytes),
+                claim=self._claim_for_workers(stages)))
             return
         running = self._counter is not None and self._counter.is_alive()  # one at a time (an earlier epoch's goes on)
         if current_worker()[1] == 0 and not running and not counts.counted(stages.order):
@@ -548,23 +599,140 @@ class PackedStream(WeightSteering, PlannedStream):
                                              name="streamshard-count-stages")
             self._counter.start()
 
-    def _known_counts(self) -> np.ndarray:
-        """This process's counts, the cache's where it has none (another process may have saved them)."""
-        tokens, cache = self._stage_counts().tokens.copy(), self._count_cache()
-        return tokens if cache is None else np.where(tokens >= 0, tokens, cache.load(self.source.catalog))
-
-    def _count_rank_share(self, rgs: np.ndarray) -> np.ndarray:
-        """Count ``rgs`` here, alone (this rank's share of a stage split over the ranks)."""
+    def _count_first(self, k: int, first: np.ndarray, distributed: bool, what: str) -> None:
+        """Count corpus ``k``'s first stage ``first`` now: split over the ranks (``distributed``: every rank
+        joins, whatever it holds; rank 0's view decides what is left to count), else what this process lacks."""
         assert self.text is not None
-        ds = self.source
+        counts, ds = self._counts_of(k), self.corpora[k]
+        if distributed:
+            got = count_text_tokens(ds.catalog, ds.storage_options, self.column, self.text, ds.catalog_cache,
+                                    distributed=True, group=ds._catalog_group, rgs=first, known=counts.tokens,
+                                    what=what)
+            counts.fill(first, got[first])
+        elif not counts.counted(first):
+            missing = first[counts.tokens[first] < 0]
+            counts.fill(missing, self._count_corpus(k, missing, what, quiet=False))
+
+    def _known_counts(self, k: int) -> np.ndarray:
+        """Corpus ``k``'s counts in this process, the cache's and its worker processes' where it has none
+        (another process may have counted them)."""
+        tokens, cache = self._counts_of(k).tokens.copy(), self._count_cache(k)
+        if cache is not None:
+            tokens = np.where(tokens >= 0, tokens, cache.load(self.corpora[k].catalog))
+        if self._count_share.started():
+            try:
+                tokens = np.where(tokens >= 0, tokens, self._count_share.table(_share_name(k), len(tokens)))
+            except (OSError, CatalogError) as exc:  # counted here instead (the split must go on in step)
+                log.warning("the token counts of this rank's worker processes are not used: %s", exc)
+        return tokens
+
+    def _claim_for_workers(self, stages: Stages) -> Claim | None:
+        """Tell this process's worker processes (now or later forked) that the stages after the first are
+        being split over the ranks here, so they wait for its counts (``_stage_counted`` publishes
+        them) instead of counting them too. Made when the job is added, so no worker started after it
+        misses it; None where every stage is counted here already (the workers start from these
+        counts) or it cannot be written (a warning: the workers count themselves)."""
+        if len(stages) < 2 or self._stage_counts().counted(stages.order):
+            return None
+        try:
+            return self._count_share.claim(_share_name(0), stages.order[stages.bounds[1]:])
+        except OSError as exc:
+            log.warning("this rank's worker processes count the later text stages themselves: no claim in %s "
+                        "(%s: %s)", self._count_share.directory, type(exc).__name__, exc)
+            return None
+
+    def _stage_counted(self, tokens: np.ndarray, cache: bool) -> None:
+        """A stage split over the ranks is counted: saved to the count cache (``cache``: one rank of the
+        group saves) and published for this process's worker processes, if it has any (they may wait
+        for it). Never raises past a warning: the split's other ranks go on regardless."""
+        if cache:
+            self._save_counts(0, tokens)
+        if self._count_share.copied():
+            try:
+                self._count_share.publish(_share_name(0), tokens)
+            except OSError as exc:
+                log.warning("the token counts of a later text stage are not shared with this rank's worker "
+                            "processes (%s: %s): they count it themselves", type(exc).__name__, exc)
+
+    def _count_rank_share(self, k: int, rgs: np.ndarray) -> np.ndarray:
+        """Count corpus ``k``'s ``rgs`` here, alone (this rank's share of a stage split over the ranks)."""
+        assert self.text is not None
+        ds = self.corpora[k]
         counts = count_text_tokens(ds.catalog, ds.storage_options, self.column, self.text, None, quiet=True,
                                    rgs=rgs, what="(this rank's share of a later stage, beside training)")
         return counts[rgs]
 
-    def _save_counts(self, tokens: np.ndarray) -> None:
-        cache = self._count_cache()
+    def _save_counts(self, k: int, tokens: np.ndarray) -> None:
+        cache = self._count_cache(k)
         if cache is not None:
-            cache.save(self.source.catalog, tokens)
+            cache.save(self.corpora[k].catalog, tokens)
+
+    # -- a blend of text corpora with num_samples, in stages (plan/blend_stages.py) -------------------
+    def _corpus_counts(self) -> list[StageCounts]:
+        """Each corpus's token counts as far as counted (the cache's at first)."""
+        if self._blend_counts is None:
+            self._blend_counts = [self._new_counts(k) for k in range(len(self.corpora))]
+        return self._blend_counts
+
+    def _corpus_tokens(self) -> list[CorpusTokens | None]:
+        """Each corpus's sequences located from its counts (None: a corpus the blend gives no position);
+        its stages cut its epoch-0 order, the first holding its share of ``first_stage_bytes``."""
+        if self._blend_tokens is None:
+            assert self.blend is not None
+            shares = blend_counts(self.blend.weights, self.num_sequences)
+            first = corpus_first_bytes(self.first_stage_bytes, shares)
+            corpora: list[CorpusTokens | None] = []
+            for k, (name, ds, counts) in enumerate(zip(self.blend.names, self.corpora, self._corpus_counts())):
+                if not shares[k]:
+                    corpora.append(None)
+                    continue
+                layout, config = ds.catalog.layout, ds.config
+                stages = Stages.split(stream_order(layout, config, 0), self._text_weights(ds.catalog), float(first[k]))
+                corpora.append(CorpusTokens(name, stages, counts, partial(stream_order, layout, config), self.seq_len))
+            self._blend_tokens = corpora
+        return self._blend_tokens
+
+    def _blend_epoch_stages(self, epoch: int) -> BlendStages:
+        """Blend epoch ``epoch``'s positions in stages (their bounds found as the corpora are counted)."""
+        if epoch not in self._blend_stages:
+            assert self.blend is not None
+            blend = BlendMap(self.blend.weights, self.num_sequences, self.blend.order, self.blend.seed, epoch)
+            self._blend_stages = {epoch: BlendStages(blend, self._corpus_tokens())}  # one epoch at a time
+        return self._blend_stages[epoch]
+
+    def _count_blend_first_stage(self, epoch: int) -> None:
+        """Count every corpus's first stage now (each split over the ranks, like the catalog), then the
+        later stages beside training, stage by stage over the corpora: split over the ranks under a
+        default process group (``streams/stage_counting.py``), else on a background thread."""
+        assert self.text is not None
+        corpora = self._corpus_tokens()
+        distributed = current_worker()[1] == 0 and all(ds._splits_catalog() for ds in self.corpora)
+        for k, corpus in enumerate(corpora):
+            if corpus is not None and len(corpus.stages):  # else no positions, or no rows: nothing to count
+                self._count_first(k, corpus.stages.units(0), distributed, f"(the first stage of a blend's epoch {epoch})")
+        split = distributed and all(ds._catalog_group is None for ds in self.corpora) \
+            and collective.process_group() is not None
+        service = rank_counting() if split else None
+        if service is not None:
+            # Every rank is here, in the same order: each corpus's later stages, stage i of every corpus
+            # before stage i + 1 of any, are split over the ranks by the counting group's thread.
+            rank, world = collective.process_group() or (0, 1)
+            for i in range(1, max((len(c.stages) for c in corpora if c is not None), default=0)):
+                for k, corpus in enumerate(corpora):
+                    if corpus is not None and i < len(corpus.stages):
+                        service.add(partial(
+                            count_later_stages, counts=corpus.counts, stages=_only_stage(corpus.stages, i),
+                            known=partial(self._known_counts, k), count_mine=partial(self._count_rank_share, k),
+                            saved=partial(self._save_counts, k) if rank == 0 else lambda tokens: None,
+                            weights=self._text_weights(self.corpora[k].catalog),
+                            round_weight=float(world * self.first_stage_bytes)))
+            return
+        running = self._counter is not None and self._counter.is_alive()
+        whole = all(c is None or c.counts.counted(c.stages.order) for c in corpora)
+        if current_worker()[1] == 0 and not running and not whole:
+            self._counter = threading.Thread(target=_count_blend_stages, args=(corpora,), daemon=True,
+                                             name="streamshard-count-blend-stages")
+            self._counter.start()
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
@@ -572,13 +740,19 @@ class PackedStream(WeightSteering, PlannedStream):
         if self._counts is not None:  # a lock and a bound method do not travel: the copy starts from these counts
             state["_counts"] = None
             state["_known"] = self._counts.tokens.copy()
+        if self._blend_counts is not None:  # the same, corpus by corpus
+            state["_blend_counts"], state["_blend_tokens"], state["_blend_stages"] = None, None, {}
+            state["_blend_known"] = [c.tokens.copy() for c in self._blend_counts]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         known = state.pop("_known", None)
+        blend_known = state.pop("_blend_known", None)
         self.__dict__.update(state)
         if known is not None:
-            self._counts = StageCounts(self.source.catalog.rg_file, self._count_stage, known)
+            self._counts = self._new_counts(0, known)
+        if blend_known is not None:
+            self._blend_counts = [self._new_counts(k, tokens) for k, tokens in enumerate(blend_known)]
 
     def _count_text(self, name: str, ds: ParquetStream) -> np.ndarray:
         """Tokens per row group of one of a blend's text corpora: split over the ranks where they form a
@@ -618,6 +792,41 @@ class PackedStream(WeightSteering, PlannedStream):
             dtype = np.dtype(t.value_type.to_pandas_dtype())
             dtypes[name] = np.dtype(np.int64) if dtype.kind == "u" and dtype != np.uint8 else dtype  # torch lacks most uints
         return dtypes
+
+
+_NO_STEERING = ("set_weights on a packed blend of text corpora with num_samples is not supported: its positions are "
+                "planned in stages as the corpora are counted, and changing weights needs every corpus's sequence "
+                "count (a blend without num_samples, counted whole first, can be steered)")
+
+
+def _share_name(k: int) -> str:
+    """The name of corpus ``k``'s counts in the pack's count share (by index: a corpus's name may hold any
+    character, and a single corpus is corpus 0)."""
+    return f"corpus-{k}"
+
+
+def _only_stage(stages: Stages, i: int) -> Stages:
+    """Stage ``i`` of ``stages`` as the one later stage (stage 1) of a ``Stages`` of its own, for
+    ``stage_counting.count_later_stages`` (which counts stages 1.. of what it is given; its log then
+    says "stage 1 of 2")."""
+    units = stages.units(i)
+    return Stages(units, np.array([0, 0, len(units)], dtype=np.int64))
+
+
+def _count_blend_stages(corpora: list[CorpusTokens | None]) -> None:
+    """A background thread's work: every corpus's stage 1, then every corpus's stage 2, ... (blend stage
+    ``i`` needs stage ``i`` of each corpus); a failure is left for training to meet when it gets there."""
+    stages = max((len(c.stages) for c in corpora if c is not None), default=0)
+    for i in range(1, stages):
+        for corpus in corpora:
+            if corpus is not None and i < len(corpus.stages):
+                try:
+                    corpus.counts.of(corpus.stages.units(i))
+                except Exception as exc:  # noqa: BLE001 - training counts the stage itself when it gets there
+                    if threading.main_thread().is_alive():
+                        log.warning("counting stage %d of corpus %r in the background failed (%s: %s); it is "
+                                    "counted when training reaches it", i, corpus.name, type(exc).__name__, exc)
+                    return
 
 
 def _in_document_order(lengths: np.ndarray, values: dict[str, np.ndarray], rg: int, documents: EpochPlan) -> TokenGroup:

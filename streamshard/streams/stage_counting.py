@@ -8,11 +8,16 @@ each later stage (``io/text_counts.count_over_ranks``), so each tokenizes about 
 
 Collectives from a thread need a group of their own (the training loop's collectives on the default
 group go on meanwhile) and the same order on every rank: ``RankCounting`` is one gloo backend per
-process over the default group's ranks and store (made in the main thread, where the first stage is
-already counted collectively, so every rank makes it in the same order; not registered with
-``torch.distributed``, so the training's ``destroy_process_group`` leaves it be) and one daemon
-thread that runs the jobs ``set_epoch`` gives it, one after the other; a job's collectives follow
-from gathered data only, never from what one rank happened to count meanwhile.
+process over the ranks of the group that counted the first stage (the default group, or the
+data-parallel group of a device mesh: ``ParquetStream(mesh=mesh["dp"])``), with group-local ranks,
+over the default store under a prefix of that group's own (its global ranks, and how many counting
+groups of those ranks this process made before: every data-parallel group of a mesh has its own).
+It is made in the main thread, where the first stage is already counted collectively over that
+group, so each of its ranks makes it in the same order; not registered with ``torch.distributed``,
+so the training's ``destroy_process_group`` leaves it be. One daemon thread runs the jobs
+``set_epoch`` gives it, one after the other; a job's collectives follow from gathered data only,
+never from what one rank happened to count meanwhile. Ranks of different data-parallel groups read
+the same data and count the same stages, each group on its own.
 
 Counts are deterministic (the same bytes and tokenizer give the same count), so the split only
 makes them come sooner: when a collective fails (a rank ended its training and exited, or destroyed
@@ -22,7 +27,10 @@ longer than one timeout for another. At the interpreter's exit (``atexit``) a ra
 group says so at its next gather (at most one round's count away) and every rank leaves at that same
 gather, so no process ends inside a collective (gloo then aborts it) and none waits for one that
 will not come. Without a process group (one process, DataLoader worker processes) nothing here
-runs: the stages are counted alone as before.
+runs: the stages are counted alone as before. A rank's DataLoader worker processes never join the
+group: they wait for what it counts (a claim of the later stages in their count share, made when
+the job is added, beaten every round, released when the job ends or the rank leaves the group;
+the counts published there stage by stage: ``io/count_share.py``) instead of counting it again.
 """
 
 from __future__ import annotations
@@ -38,8 +46,14 @@ from datetime import timedelta
 from typing import Any, Callable
 
 import numpy as np
+# Imported up front, in the thread that imports the package, not lazily by np.unique's first call in the
+# counting thread: a torchrun test's rank died with RecursionError in numpy's __getattr__ importing
+# numpy.ma while the training loop and the counting thread both needed it (a fork during the import is
+# io/fork_imports.py's to prevent; two threads importing it at once is not).
+import numpy.ma  # noqa: F401
 
 from ..io.collective import CollectiveFailed
+from ..io.count_share import Claim
 from ..io.text_counts import count_over_ranks
 from ..plan.packing_stages import StageCounts, Stages
 
@@ -47,23 +61,28 @@ SPLIT_TIMEOUT_S = 120.0  # a collective of the counting group waits this long fo
 
 log = logging.getLogger("streamshard")
 
-_services: list["RankCounting"] = []  # one per default process group this process has counted under
+_services: list["RankCounting"] = []  # one per process group this process has counted under
 _services_lock = threading.Lock()
 
 
 class RankCounting:
-    """The counting group of a default process group and the daemon thread issuing its collectives."""
+    """The counting group of a process group (the default one or a mesh's data-parallel one) and the
+    daemon thread issuing its collectives."""
 
     def __init__(self, parent: Any) -> None:
         import torch.distributed as dist
 
-        self.parent = weakref.ref(parent)  # the default group it was made for (a new init_process_group: a new one)
-        self.rank, self.world, self.pid = dist.get_rank(), dist.get_world_size(), os.getpid()
+        # the group it was made for (a new init_process_group or mesh: a new one)
+        self.parent = weakref.ref(parent)
+        self.ranks = tuple(dist.get_process_group_ranks(parent))  # global ranks, in group rank order
+        self.rank, self.world, self.pid = dist.get_rank(parent), dist.get_world_size(parent), os.getpid()
         # A gloo backend of our own over the default store, not a registered group: the training's
         # destroy_process_group() (often called while this thread still counts) leaves it working, so
-        # the exit below can leave it in step with the other ranks.
-        store = dist.PrefixStore(f"streamshard/count-stages/{len(_services)}",
-                                 dist.distributed_c10d._get_default_store())
+        # the exit below can leave it in step with the other ranks. Its prefix is the group's own: the
+        # mesh's other data-parallel groups make theirs at the same time over the same store.
+        made = sum(service.ranks == self.ranks for service in _services)
+        prefix = f"streamshard/count-stages/{'-'.join(map(str, self.ranks))}/{made}"
+        store = dist.PrefixStore(prefix, dist.distributed_c10d._get_default_store())
         self.group: Any = dist.ProcessGroupGloo(store, self.rank, self.world, timedelta(seconds=SPLIT_TIMEOUT_S))
         self.failed: str | None = None  # why this rank left the group (then it counts alone)
         self.leaving = threading.Event()  # this process is exiting: say so at the next gather, then stop
@@ -122,13 +141,14 @@ class RankCounting:
                             "alone", self.failed)
 
 
-def rank_counting() -> RankCounting | None:
-    """This process's counting group for the current default process group (made on first call:
-    in the main thread, at a point every rank reaches in the same order); None where it cannot be
-    made (a warning: the stages are then counted alone)."""
+def rank_counting(group: Any = None) -> RankCounting | None:
+    """This process's counting group over the ranks of ``group`` (None: the current default process
+    group; else e.g. a mesh's data-parallel group), made on first call: in the main thread, at a point
+    every rank of ``group`` reaches in the same order. None where it cannot be made (a warning: the
+    stages are then counted alone)."""
     import torch.distributed as dist
 
-    parent = dist.distributed_c10d._get_default_group()
+    parent = group if group is not None else dist.distributed_c10d._get_default_group()
     with _services_lock:
         for service in _services:
             if service.parent() is parent:
@@ -152,13 +172,27 @@ def _close_all() -> None:
 
 def count_later_stages(service: RankCounting, counts: StageCounts, stages: Stages, known: Callable[[], np.ndarray],
                        count_mine: Callable[[np.ndarray], np.ndarray], saved: Callable[[np.ndarray], None],
-                       weights: np.ndarray, round_weight: float) -> None:
+                       weights: np.ndarray, round_weight: float, claim: Claim | None = None) -> None:
     """A job of ``service``: count stages ``1..`` of an epoch in order, each split over the ranks while the
     group works (``known()``: this rank's counts, the cache's included; ``count_mine``: count row groups
-    alone; ``saved``: keep the counts, e.g. in the cache), else alone (``counts.of``). Training that
-    needs a stage being split waits for it (``StageCounts.claimed``) instead of counting it again.
-    A count that fails (on any rank: every rank learns it) ends the job as the lone count's failure
-    does: whoever needs that stage counts it and raises, naming the file and row group."""
+    alone; ``saved``: keep the counts, e.g. in the cache and for this rank's worker processes), else
+    alone (``counts.of``). Training that needs a stage being split waits for it
+    (``StageCounts.claimed``) instead of counting it again; so do this rank's worker processes while
+    ``claim`` (of the later stages, made when the job was added: ``io/count_share.py``) lives: it is
+    beaten every round and released when the job ends or this rank leaves the group. A count that
+    fails (on any rank: every rank learns it) ends the job as the lone count's failure does: whoever
+    needs that stage counts it and raises, naming the file and row group."""
+    try:
+        _count_later_stages(service, counts, stages, known, count_mine, saved, weights, round_weight, claim)
+    finally:
+        if claim is not None:
+            claim.release()
+
+
+def _count_later_stages(service: RankCounting, counts: StageCounts, stages: Stages, known: Callable[[], np.ndarray],
+                        count_mine: Callable[[np.ndarray], np.ndarray], saved: Callable[[np.ndarray], None],
+                        weights: np.ndarray, round_weight: float, claim: Claim | None) -> None:
+    beat = claim.beat if claim is not None else (lambda: None)
     for k in range(1, len(stages)):
         if service.leaving.is_set():
             return  # the process is exiting: nothing here needs the counts any more
@@ -168,18 +202,21 @@ def count_later_stages(service: RankCounting, counts: StageCounts, stages: Stage
                 with counts.claimed(units):
                     counts.fill(units, count_over_ranks(units, known(), count_mine, service.gather,
                                                         (service.rank, service.world), weights, round_weight,
-                                                        service.leaving.is_set))
+                                                        service.leaving.is_set, beat))
                 saved(counts.tokens)
                 continue
             except CollectiveFailed as exc:
                 if exc.counts is not None:  # this rank's share and the shares gathered before: kept
                     counts.fill(units, exc.counts[units])
+                    _keep(saved, counts)  # and shared with the workers before the claim goes
                 service.leave(exc.__cause__ or exc)
                 if service.leaving.is_set():
                     return
             except Exception as exc:  # noqa: BLE001 - training counts the stage itself when it gets there
                 _stage_failed(k, stages, exc)
                 return
+        if claim is not None:
+            claim.release()  # counted alone from here, as the workers may count: through their share's lock
         try:
             counts.of(units)
         except Exception as exc:  # noqa: BLE001 - as above
@@ -195,6 +232,13 @@ def count_later_stages_alone(counts: StageCounts, stages: Stages) -> None:
         except Exception as exc:  # noqa: BLE001 - training counts the stage itself when it gets there
             _stage_failed(k, stages, exc)
             return
+
+
+def _keep(saved: Callable[[np.ndarray], None], counts: StageCounts) -> None:
+    try:
+        saved(counts.tokens)
+    except Exception as exc:  # noqa: BLE001 - what is not kept is counted again where needed
+        log.warning("token counts not kept (%s: %s)", type(exc).__name__, exc)
 
 
 def _stage_failed(k: int, stages: Stages, exc: BaseException) -> None:

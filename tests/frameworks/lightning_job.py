@@ -38,8 +38,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 import streamshard as ss
 from streamshard.integrations.lightning import ElasticResume
+from preemption import PREEMPTED, exit_together  # exit status 75 (EX_TEMPFAIL): the test tells it from a crash
 
-PREEMPTED = 75  # the exit status of a preempted run (EX_TEMPFAIL): the test tells it from a crash
 CLASSES = 7
 
 
@@ -163,16 +163,17 @@ class StreamData(L.LightningDataModule):
 
 
 class Preempt(L.Callback):
-    """Kill every rank at the start of the step after global step ``at`` (its checkpoint is written)."""
+    """Kill every rank at the start of the step after global step ``at`` (its checkpoint is written), all
+    ranks together (``preemption.exit_together``, in ``directory``)."""
 
-    def __init__(self, at: int) -> None:
-        self.at = at
+    def __init__(self, at: int, directory: Path) -> None:
+        self.at, self.directory = at, directory / f"preempt-at-{at}"
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         if trainer.global_step == self.at:
             RECORD.write(kind="preempted", step=trainer.global_step, epoch=trainer.current_epoch)
-            os._exit(PREEMPTED)
+            exit_together(self.directory, trainer.global_rank, trainer.world_size, PREEMPTED)
 
 
 def main() -> None:
@@ -203,7 +204,7 @@ def main() -> None:
     if args.plain:
         callbacks = callbacks[1:]
     if args.preempt_at is not None:
-        callbacks.append(Preempt(args.preempt_at))
+        callbacks.append(Preempt(args.preempt_at, Path(args.record or args.ckpt_dir)))
 
     if args.datamodule:
         datamodule = StreamData(args.data, args.batch_size)  # before the Trainer exists, as users write it

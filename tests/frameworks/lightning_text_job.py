@@ -37,8 +37,8 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 import streamshard as ss
+from preemption import PREEMPTED, exit_together
 
-PREEMPTED = 75
 SEQ, BATCH, EOS = 16, 2, 0
 FIRST_STAGE_BYTES = 1500
 GATE_S = 25.0
@@ -121,10 +121,8 @@ class Model(L.LightningModule):
 
 
 class Preempt(L.Callback):
-    """Kill every rank at the start of global step ``at`` (its checkpoint is written), all ranks together:
-    each waits at a file barrier (no collective) until every rank is there. A rank killed while the other
-    still finished the last step's gradient all-reduce failed that one with a lost connection (1 run of
-    many in CI) instead of the preemption this job simulates."""
+    """Kill every rank at the start of global step ``at`` (its checkpoint is written), all ranks together
+    (``preemption.exit_together``)."""
 
     def __init__(self, at: int, directory: Path) -> None:
         self.at, self.directory = at, directory / f"preempt-at-{at}"
@@ -132,13 +130,7 @@ class Preempt(L.Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         if trainer.global_step == self.at:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            (self.directory / f"rank{trainer.global_rank}").touch()
-            deadline = time.monotonic() + 60
-            while (len(list(self.directory.glob("rank*"))) < trainer.world_size
-                   and time.monotonic() < deadline):
-                time.sleep(0.01)
-            os._exit(PREEMPTED)
+            exit_together(self.directory, trainer.global_rank, trainer.world_size, PREEMPTED)
 
 
 def main() -> None:
