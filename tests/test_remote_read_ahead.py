@@ -95,39 +95,6 @@ def test_remote_read_ahead_past_read_ahead_is_bounded_by_fetched_bytes(seaweedfs
     assert sorted(ids) == list(range(8_000))
 
 
-def test_remote_reads_fetched_together_decode_in_turn(seaweedfs, tmp_path, monkeypatch):
-    """A fresh epoch's 16 groups arrive in 4 GETs at once; they used to decode all together (4 or more at
-    a time, sharing the cores, the first batch waiting for them all). Now the read of the batch in hand and at
-    most ``DECODE_AHEAD`` of a worker's remote reads ahead decode at once, in the order the batches need them. Each decode is slowed by
-    30 ms here so that overlaps show."""
-    import pyarrow.parquet as pq
-    import threading
-
-    write_corpus(str(tmp_path), LAYOUT)
-    url = seaweedfs.upload(str(tmp_path), "remote-read-ahead", "in-turn")
-    decoding, most = [0], [0]
-    lock = threading.Lock()
-    original = pq.ParquetFile.read_row_group
-
-    def slow_decode(self, *args, **kwargs):
-        with lock:
-            decoding[0] += 1
-            most[0] = max(most[0], decoding[0])
-        try:
-            time.sleep(0.03)
-            return original(self, *args, **kwargs)
-        finally:
-            with lock:
-                decoding[0] -= 1
-
-    monkeypatch.setattr(pq.ParquetFile, "read_row_group", slow_decode)
-    with faulty_proxy(seaweedfs.endpoint_url) as proxy:
-        gets, held, ids = gets_before_the_first_group_is_consumed(url, via(proxy, seaweedfs), proxy)
-    assert (gets, held) == (4, 16)
-    assert most[0] <= 1 + delivery.DECODE_AHEAD, f"{most[0]} reads decoded at once"
-    assert sorted(ids) == list(range(8_000))
-
-
 def test_local_disk_reads_ahead_read_ahead_groups_only(tmp_path):
     """A local read costs no round trip: no reads past ``read_ahead`` (1 + 2 held)."""
     write_corpus(str(tmp_path), LAYOUT)

@@ -81,31 +81,6 @@ _DECODED_PER_COMPRESSED = 4
 TOGETHER_BYTES = 8 * 1024 * 1024
 
 
-_DECODE_TURN = threading.local()  # this thread's wait for its turn to decode (``decoding_in_turn``)
-
-
-class decoding_in_turn:
-    """While inside, this thread's reads call ``wait()`` after their bytes are fetched and before they are
-    decoded: read-ahead (``streams/delivery.py``) fetches many small groups of a slow store at once, and
-    lets them decode in the order its consumer needs them rather than all at once (a fresh epoch's 16
-    groups arriving together decoded together, and the first batch waited for all of them)."""
-
-    def __init__(self, wait: Callable[[], None]) -> None:
-        self._wait = wait
-
-    def __enter__(self) -> None:
-        _DECODE_TURN.wait = self._wait
-
-    def __exit__(self, *exc: Any) -> None:
-        _DECODE_TURN.wait = None
-
-
-def _wait_for_turn() -> None:
-    wait = getattr(_DECODE_TURN, "wait", None)
-    if wait is not None:
-        wait()
-
-
 class _Together:
     """One GET of several row groups' ranges of a file: made by the first of their reads, shared by the rest
     (each holds the bytes until its read is decoded)."""
@@ -422,7 +397,6 @@ class RowGroupReader:
         else:
             metadata, parts = self._files.footer_and_ranges(file_index,
                                                             lambda footer: self._ranges(file_index, row_group, footer))
-        _wait_for_turn()  # the bytes are here: decode when the consumer's earlier reads let it (delivery)
         source = _SparseFile(self.sizes[file_index], sorted(parts), lambda s, e: self._miss(file_index, s, e))
         parquet = pq.ParquetFile(pa.PythonFile(source, mode="r"), metadata=metadata, pre_buffer=False,
                                  coerce_int96_timestamp_unit=int96.read_unit(metadata, self.schema),

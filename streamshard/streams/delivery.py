@@ -35,7 +35,7 @@ from ..convert.batches import CORPUS, concat, padding_like, with_ids
 from ..errors import ConversionError
 from ..convert.gather import Gatherer, convert_read, gatherable
 from ..convert.part_convert import convert_part
-from ..io.reader import ReadStats, StreamedPart, decoding_in_turn
+from ..io.reader import ReadStats, StreamedPart
 from ..convert.tensors import Batch, BatchConverter
 
 _MAX_LOOKAHEAD = 64  # batch specs computed ahead to find the next reads, for schedules without upcoming_reads
@@ -59,11 +59,6 @@ READ_AHEAD_BYTES = 256 * 1024 * 1024
 # ``_TOGETHER`` more reads): about what a worker decodes in a round trip of a slow store. Still within
 # ``READ_AHEAD_BYTES`` decoded; never on local disk, where a read costs no round trip.
 READ_AHEAD_FETCH_BYTES = 8 * 1024 * 1024
-# Of those remote reads ahead, how many of a worker's decode (and convert) at once, the earliest needed
-# first (``_Turns``): their bytes are fetched all at once, then decoded in the order the batches need them,
-# so the first batch waits for its own groups, not for every group in flight sharing the cores with them.
-# The reads of the batch in hand (a shuffle window's, all needed together) are not held back.
-DECODE_AHEAD = 2
 
 
 @dataclass
@@ -90,36 +85,6 @@ class DeliveryStats:
     prepare_s: float = 0.0
     most_reads_held: int = 0  # the most row-group reads held or in flight at once (read-ahead's reach)
     most_held_bytes: int = 0  # their estimated decoded bytes at that (``weigh``; 0 for groups surely small)
-
-
-class _Turns:
-    """Decoding turns of remote reads in the order they were submitted (the order batches need them): a
-    read decodes once fewer than ``width`` reads submitted before it are still running (fetching, waiting or
-    decoding). The earliest running read never waits, so reads always progress; a read still queued for a
-    thread does not hold later ones back."""
-
-    def __init__(self, width: int) -> None:
-        self.width = width
-        self._running: set[int] = set()
-        self._changed = threading.Condition()
-        self._next = 0
-
-    def ticket(self) -> int:
-        self._next += 1
-        return self._next
-
-    def begin(self, ticket: int) -> None:
-        with self._changed:
-            self._running.add(ticket)
-
-    def wait(self, ticket: int, failed: list[BaseException]) -> None:
-        with self._changed:
-            self._changed.wait_for(lambda: failed or sum(1 for t in self._running if t < ticket) < self.width)
-
-    def end(self, ticket: int) -> None:
-        with self._changed:
-            self._running.discard(ticket)
-            self._changed.notify_all()
 
 
 class _Ready:
@@ -213,27 +178,16 @@ def deliver(
             return False
         return sum(sizes) + mine <= fetch_budget  # type: ignore[arg-type]
 
-    turns = _Turns(DECODE_AHEAD) if fetched is not None and DECODE_AHEAD > 0 else None
-    tickets: dict[int, int] = {}  # remote reads' decoding turns (``_Turns``), by key
-
-    def guarded(what: Read, ticket: int | None = None) -> Any:
+    def guarded(what: Read) -> Any:
         if failed:  # queued behind a failure: do not start (the consumer gets that failure)
             raise failed[0]
-        if ticket is not None:
-            turns.begin(ticket)
         try:
-            if ticket is None:
-                return read(what)
-            with decoding_in_turn(lambda: turns.wait(ticket, failed)):
-                return read(what)
+            return read(what)
         except BaseException as exc:
             failed.append(exc)
             raise
-        finally:
-            if ticket is not None:
-                turns.end(ticket)
 
-    def submit(key: int, what: Read, in_turn: bool = False) -> None:
+    def submit(key: int, what: Read) -> None:
         submitted.add(key)
         if fetched is not None:
             fetch_size(key, what)
@@ -242,8 +196,6 @@ def deliver(
         else:  # started by ``start_submitted``, with the others of this round
             pending[key] = None  # type: ignore[assignment]
             fresh.append((key, what))
-            if in_turn and turns is not None and fetch_sizes.get(key) is not None:  # a remote read ahead
-                tickets[key] = turns.ticket()
 
     def start_submitted() -> None:
         """Start the reads submitted this round, announced together first (``together``: a file's small
@@ -255,7 +207,7 @@ def deliver(
             except Exception:  # noqa: BLE001 - only an optimisation: each read reports what is wrong itself
                 pass
         for key, what in fresh:
-            pending[key] = pool.submit(guarded, what, tickets.pop(key, None))
+            pending[key] = pool.submit(guarded, what)
         fresh.clear()
 
     def results(keys: Iterable[int]) -> dict[int, Any]:
@@ -301,7 +253,7 @@ def deliver(
                         if not fits(key, what) or (ahead >= read_ahead and not small_enough(key, what, block.reads)):
                             deferred.append((key, what))
                             break
-                        submit(key, what, in_turn=True)
+                        submit(key, what)
                         ahead += 1
                 over = False
                 while (upcoming is None and not over and ahead < read_ahead and j < _MAX_LOOKAHEAD
@@ -311,7 +263,7 @@ def deliver(
                             if not fits(key, what):
                                 over = True
                                 break
-                            submit(key, what, in_turn=True)
+                            submit(key, what)
                             ahead += 1
                     j += 1
                 start_submitted()
