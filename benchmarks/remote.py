@@ -48,6 +48,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from streamshard.io.first_reads import FIRST_READS  # noqa: E402
 from streamshard.io.catalog import Catalog  # noqa: E402
 from streamshard.streams.dataset import DEFAULT_BATCH_SIZE, ParquetStream  # noqa: E402
 from streamshard.loader.stream_loader import StreamLoader  # noqa: E402
@@ -139,6 +140,9 @@ def stream_epoch(paths: str, options: dict, catalog_rgs: int, server_pid: int | 
                        shuffle=shuffle)
     reads: dict[int, Any] = {}
     ds.stats_hook = lambda stats: reads.setdefault(stats.worker, stats.reads)
+    # No early reads (io/first_reads.py): a catalog built in a process that read these files before would send
+    # the epoch's first data GETs before the clock and the counters start (fresh_remote.py measures those).
+    FIRST_READS.clear()
     ds.set_epoch(0)  # the catalog is read here, before the clock and the counters start
     loader = StreamLoader(ds, num_workers=2)
     if proxy is not None:

@@ -25,7 +25,8 @@ import os
 import threading
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cached_property
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -41,6 +42,7 @@ from .catalog_cache import CatalogCache, footer_from_dict, footer_to_dict
 from ..format.catalog_records import FileEntry, FileFooter
 from ..errors import CatalogError
 from ..format.deletions import kept_rows
+from .first_reads import FIRST_READS, paths_key
 from .delta import DELTA_LOG, delta_root_in_listing, delta_root_of_glob
 from ..format.listing_rules import listed_under_directory_is_data, matched_by_glob_is_data
 from .partitions import drop_columns, full_schema
@@ -191,6 +193,7 @@ class Catalog:
         progress: Callable[[int], None] | None = None,
         group: Any = None,
         partitioning: str | None = "hive",
+        speculate: bool = False,
     ) -> "Catalog":
         """List the files ``paths`` names and read every footer.
 
@@ -210,6 +213,12 @@ class Catalog:
         Physical differences between writers (``large_list`` vs ``list``, dictionary-encoded vs
         plain, list item names, nullability) never need a cast (``format/schema.py``).
 
+        ``speculate``: where this process cataloged the same paths before and holds every footer of what
+        it listed then (object storage, not split over ranks), return that catalog at once and list
+        beside it; the caller must ask ``confirmed()`` before it delivers any row, and build again when
+        it is False (``StreamLoader`` does: a fresh loader's first reads and decoding then overlap the
+        listing).
+
         Raises ``CatalogError`` when a path matches nothing, a file is not Parquet, a projected
         column is missing, or two files disagree on a column's logical type (naming both files).
         """
@@ -219,17 +228,52 @@ class Catalog:
             raise ValueError(f"columns has duplicates: {projection}")
         filesystems = FileSystems(storage_options)
         policy = retry or RetryPolicy()
+        early_key = None
         if _waits_on_an_event_loop(paths, filesystems):
             warm_arrow_while_waiting()
+            # the first data reads of the last catalog over these paths travel while this one lists
+            early_key = paths_key(paths, storage_options, projection, partitioning)
+            FIRST_READS.start(early_key, filesystems)
         lister = lambda: list_sources(paths, filesystems, policy, partitioning)  # noqa: E731
         cache = CatalogCache(cache_dir, [str(p) for p in _as_list(paths)], projection) if cache_dir else None
         place = collective.process_group(group) if distributed else None
+        if speculate and place is None:
+            guessed = _from_last_listing(cls, early_key, lister, projection, targets)
+            if guessed is not None:
+                return guessed
         if place is None:
             listing, footers = _build_local(lister, projection, filesystems, policy, cache, max_concurrency, progress)
         else:
             listing, footers = _build_distributed(lister, projection, filesystems, policy, cache, max_concurrency,
                                                   *place, progress=progress, group=group)
+        FIRST_READS.remember_listing(early_key, listing)
         return cls.from_footers(footers, targets, listing, projection)
+
+    def confirmed(self) -> bool:
+        """Whether this catalog describes the files as listed now: True for one built from a listing; for
+        one built with ``speculate`` from this process's last listing of its paths, whether the listing
+        made beside it found the same files, sizes, versions, partition keys and table versions (waits
+        for it). False: files were added, removed or rewritten since (or the listing failed): build the
+        catalog again, and deliver nothing read through this one."""
+        pending = _UNCONFIRMED.get(self)
+        if pending is None:
+            return self not in _REFUSED
+        listing, guessed, key = pending
+        try:
+            now = listing.result()
+            same = _same_listing(now, guessed)
+        except Exception:  # noqa: BLE001 - a build of its own reports the listing's error
+            same = False
+        _UNCONFIRMED.pop(self, None)
+        if not same:
+            _REFUSED.add(self)
+            return False
+        FIRST_READS.remember_listing(key, now)
+        return True
+
+    def refused(self) -> bool:
+        """Whether ``confirmed()`` found this catalog stale (without waiting: False while it is not known)."""
+        return self in _REFUSED
 
     @classmethod
     def from_footers(cls, footers: Sequence[FileFooter], cast: Mapping[str, pa.DataType] | None = None,
@@ -284,6 +328,53 @@ class Catalog:
             deleted_rows=deleted or None,
             rg_stored_rows=np.concatenate(stored).astype(np.int64) if deleted else None,
         )
+
+
+# Catalogs built from this process's last listing (``speculate``), whose own listing runs beside them:
+# catalog -> (that listing's future, the listing they were built from, the paths' key).
+_UNCONFIRMED: "weakref.WeakKeyDictionary[Catalog, tuple[Future, Listing, str | None]]" = weakref.WeakKeyDictionary()
+_REFUSED: "weakref.WeakSet[Catalog]" = weakref.WeakSet()  # those the listing beside them found stale
+
+
+def _from_last_listing(cls: type[Catalog], key: str | None, lister: Callable[[], Listing],
+                       columns: list[str] | None, cast: Mapping[str, Any]) -> Catalog | None:
+    """The catalog of this process's last listing of the paths ``key`` names, if it holds every footer
+    of it at the listed size and version, with ``lister`` started beside it in a thread (``confirmed``);
+    else None."""
+    last = FIRST_READS.listing(key)
+    if last is None or not last.files:
+        return None
+    known = _footers_read_here(last.files, _file_projection(columns, last), None)
+    if len(known) != len(last.files):
+        return None
+    try:
+        catalog = cls.from_footers([known[f.url] for f in last.files], cast, last, columns)
+    except Exception:  # noqa: BLE001 - a build of its own reports it
+        return None
+    listing: Future = Future()
+
+    def run() -> None:
+        try:
+            listing.set_result(lister())
+        except BaseException as exc:  # noqa: BLE001 - handed to confirmed()
+            listing.set_exception(exc)
+
+    threading.Thread(target=run, name="streamshard-listing", daemon=True).start()
+    _UNCONFIRMED[catalog] = (listing, last, key)
+    return catalog
+
+
+def _same_listing(now: Listing, then: Listing) -> bool:
+    """Whether two listings name the same files at the same sizes and versions, with the same partition
+    keys, table versions and deleted rows."""
+    if [(f.url, f.size, f.version) for f in now.files] != [(f.url, f.size, f.version) for f in then.files]:
+        return False
+    if now.tables != then.tables or (now.partitions is None) != (then.partitions is None):
+        return False
+    if now.partitions is not None and not now.partitions.equals(then.partitions):
+        return False
+    return now.deleted.keys() == then.deleted.keys() and all(
+        np.array_equal(now.deleted[k], then.deleted[k]) for k in now.deleted)
 
 
 def _waits_on_an_event_loop(paths: Any, filesystems: FileSystems) -> bool:

@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 
 from ..errors import ReadError
 from ..plan.sized_lru import SizedLRU
+from .first_reads import FIRST_READS
 from .footer import FOOTER_PROBE_BYTES, SHARED_FOOTER_BYTES, SHARED_FOOTERS, FooterError, ParsedFooter, parse_footer, tail_range
 from .reader_parts import _FooterCache, _Handles, _Once
 from .retry import RetriesExhausted, RetryPolicy, TransientError, call_within, describe
@@ -157,6 +158,7 @@ class FileFetcher:
         self._footers = _FooterCache(max_cached_footers)
         self._handles = _Handles(max_open_files)
         self._verify_pool: ThreadPoolExecutor | None = None
+        self._fetched: set[int] = set()  # files this reader fetched from (its first fetch of each is remembered)
         self._lock = threading.Lock()
 
     @property
@@ -340,10 +342,28 @@ class FileFetcher:
         self._check_inside(file_index, ranges)
         started = time.perf_counter()
         try:
-            return self._fetch_ranges(file_index, ranges)
+            early = self._early(file_index, ranges)
+            return early if early is not None else self._fetch_ranges(file_index, ranges)
         finally:
             with self._lock:
                 self.stats.fetch_seconds += time.perf_counter() - started
+
+    def _early(self, file_index: int, ranges: list[Range]) -> list[tuple[int, bytes]] | None:
+        """The ranges from an early read a new catalog sent beside its listing (``io/first_reads.py``), or
+        None; the first fetch of each file by this reader is remembered for the next catalog's. Only for
+        files with a cataloged version: the early bytes are those of exactly that version."""
+        if self._versions is None or not self._versions[file_index]:
+            return None
+        url, size, version = self.urls[file_index], self.sizes[file_index], self._versions[file_index]
+        with self._lock:
+            first = file_index not in self._fetched
+            self._fetched.add(file_index)
+        if first:
+            FIRST_READS.remember(url, size, version, ranges)
+        got = FIRST_READS.take(url, size, version, ranges)
+        if got is not None:
+            self._count(list(range(len(got))), ranges, [data for _, data in got])
+        return got
 
     def _check_inside(self, file_index: int, ranges: list[Range]) -> None:
         """``ReadError`` at once for a range outside the file as cataloged: metadata that points past the end

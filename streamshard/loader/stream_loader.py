@@ -519,19 +519,32 @@ class StreamLoader:
     def _one_pass(self) -> Iterator[Any]:
         """One pass of ``__iter__``; returns its ``_Pass``."""
         origin = self._next_origin(advance=True)
-        self._source.set_epoch(self._epoch)  # the catalog is read here once; workers inherit it
+        in_process = self.workers in ("threads", "none") and isinstance(self._source, _Stream)
+        # In this process a catalog may come from the last listing of its paths, confirmed before the
+        # first batch leaves (``_confirmed``): its first reads and decoding overlap the listing.
+        speculates = in_process and hasattr(self._source.stream, "confirm_catalog")
+        if speculates:
+            self._source.stream._speculate = True
+        try:
+            self._source.set_epoch(self._epoch)  # the catalog is read here once; workers inherit it
+        finally:
+            if speculates:
+                self._source.stream._speculate = False
         current = self._pass = _Pass(self._epoch, origin)
         if self._worker_times is not None:  # the pass's workers report their timings into this loader's table
             self._source.stream._worker_times = self._worker_times
-        if self.workers in ("threads", "none") and isinstance(self._source, _Stream):
-            passes = self._source.stream.worker_passes(self.num_workers, origin)
-            if self.workers == "none":
-                batches: Iterator[Any] = passes[0]
-            else:
+        if in_process:
+            def start() -> Iterator[Any]:
+                passes = self._source.stream.worker_passes(self.num_workers, origin)
+                if self.workers == "none":
+                    return passes[0]
                 depth = self._loader_args["prefetch_factor"] or 2  # None: 2 units of ready batches per worker
-                batches = round_robin(passes, depth, self._loader_args["timeout"])
+                started = round_robin(passes, depth, self._loader_args["timeout"])
                 if self.pin_memory and torch.cuda.is_available():
-                    batches = map(_pinned, batches)
+                    started = map(_pinned, started)
+                return started
+
+            batches: Iterator[Any] = _confirmed(start, self._source, self._epoch) if speculates else start()
         elif isinstance(self._source, _Stream):
             with self._source.stream.handing_over(origin):  # the workers' copies resume it; this process does not
                 # worker processes hand batches over through slots, several a message, merged back in order
@@ -598,6 +611,36 @@ class StreamLoader:
         consumed = self._pass.consumed if self._pass is not None else 0
         return (f"StreamLoader({type(self.dataset).__name__}, num_workers={self.num_workers}, epoch={self._epoch}, "
                 f"consumed={consumed})")
+
+
+def _confirmed(start: Callable[[], Iterator[Any]], source: Any, epoch: int) -> Iterator[Any]:
+    """The pass's batches from ``start()``, the first held until the dataset confirms its catalog
+    (``ParquetStream.confirm_catalog``): one built from this process's last listing of its paths, while
+    that listing ran beside the first reads. If the files changed since, nothing was delivered: the pass
+    starts again on a catalog of the files as they are now (a read that failed meanwhile, a rewritten
+    file's refused GET, counts only if the catalog stands)."""
+    batches = start()
+    try:
+        first, failure = next(batches, _END), None
+    except Exception as exc:  # noqa: BLE001 - raised below unless the catalog was stale
+        first, failure = _END, exc
+    if not source.stream.confirm_catalog():
+        _close(batches)  # the workers stop before the catalog they read through is replaced
+        source.set_epoch(epoch)  # a catalog of the files as listed now
+        batches = start()
+        first, failure = next(batches, _END), None
+    if failure is not None:
+        raise failure
+    if first is _END:
+        return
+    try:
+        yield first
+        yield from batches
+    finally:
+        _close(batches)
+
+
+_END = object()
 
 
 def _close(batches: Iterator[Any]) -> None:

@@ -190,6 +190,8 @@ class ParquetStream(PlannedStream):
         so DataLoader workers inherit the catalog instead of each reading every footer again.
         """
         super().set_epoch(epoch)
+        if self._catalog is not None and self._catalog.refused():  # stale (confirm_catalog): list again
+            self._catalog = self._converter = None
         self.converter  # noqa: B018 - builds the catalog and checks the column types once
         # pyarrow imports pandas (when installed) on its first pa.array() in a process, ~0.2-0.5 s: made
         # here in the background (thread workers send their first reads meanwhile); a fork waits for it,
@@ -207,10 +209,10 @@ class ParquetStream(PlannedStream):
         two workers listing while a file lands would deliver rows twice or never.
         """
         if self._catalog is None:
-            build = lambda distributed: Catalog.build(  # noqa: E731
+            build = lambda distributed, speculate=False: Catalog.build(  # noqa: E731
                 self.paths, self.columns, self.storage_options, cache_dir=self.catalog_cache, cast=self.cast,
                 progress=self.catalog_progress, distributed=distributed and self._splits_catalog(),
-                group=self._catalog_group, partitioning=self.partitioning)
+                group=self._catalog_group, partitioning=self.partitioning, speculate=speculate)
             share = self._catalog_share
             if current_worker()[1] > 0:
                 catalog = share.get(lambda: build(False))  # a worker cannot join collectives
@@ -220,11 +222,18 @@ class ParquetStream(PlannedStream):
                 catalog = share.get(lambda: built) if share.may_have_workers() else built
             elif share.may_have_workers():
                 catalog = share.get(lambda: build(False))
-            else:
-                catalog = build(False)
+            else:  # StreamLoader's thread workers confirm a catalog of the last listing before any row leaves
+                catalog = build(False, getattr(self, "_speculate", False))
             self._converter = self._make_converter(catalog)
             self._catalog = catalog
         return self._catalog
+
+    def confirm_catalog(self) -> bool:
+        """Whether the catalog stands (``Catalog.confirmed``; waits for its listing). False: it was built from
+        this process's last listing of the paths while the listing ran (what ``StreamLoader`` asks for with
+        thread workers), and the files changed since: deliver nothing read through it; the next
+        ``set_epoch`` builds the catalog anew."""
+        return self._catalog is None or self._catalog.confirmed()
 
     def _splits_catalog(self) -> bool:
         """Whether the ranks that build this catalog are a process group's, so they can split the reads:
