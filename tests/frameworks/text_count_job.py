@@ -11,8 +11,10 @@ real token as (sample_id, token) in delivery order.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
+import signal
 
 import torch.distributed as dist
 
@@ -29,6 +31,7 @@ class Lengths:
 
 
 def main() -> None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # tests/launch.py on a timeout: where it waits
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True)
     parser.add_argument("--report", required=True)
