@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from ..errors import ReadError
 from ..plan.sized_lru import SizedLRU
-from .first_reads import FIRST_READS
+from .first_reads import FIRST_READS, conditional
 from .footer import FOOTER_PROBE_BYTES, SHARED_FOOTER_BYTES, SHARED_FOOTERS, FooterError, ParsedFooter, parse_footer, tail_range
 from .reader_parts import _FooterCache, _Handles, _Once
 from .retry import RetriesExhausted, RetryPolicy, TransientError, call_within, describe
@@ -352,8 +352,8 @@ class FileFetcher:
         """The ranges from an early read a new catalog sent beside its listing (``io/first_reads.py``), or
         None; the first fetch of each file by this reader is remembered for the next catalog's. Only for
         files with a cataloged version: the early bytes are those of exactly that version."""
-        if self._versions is None or not self._versions[file_index]:
-            return None
+        if self._versions is None or not conditional(self._versions[file_index]):
+            return None  # local files (and stores without ETags) never have early reads: no lock taken per fetch
         url, size, version = self.urls[file_index], self.sizes[file_index], self._versions[file_index]
         with self._lock:
             first = file_index not in self._fetched

@@ -59,6 +59,12 @@ class _Early:
     sent: float
 
 
+def conditional(version: str | None) -> bool:
+    """Whether a file of this cataloged version can have early reads: only an ETag conditions a GET
+    (local files, whose version is their mtime, never do)."""
+    return bool(version) and version.startswith("ETag=")
+
+
 class FirstReads:
     """This process's memory of first reads and listings, and the early reads in flight (thread-safe)."""
 
@@ -73,7 +79,7 @@ class FirstReads:
     # -- what to send ----------------------------------------------------------------------------
     def remember(self, url: str, size: int, version: str, ranges: Sequence[Range]) -> None:
         """The ranges a reader fetched first of the file at ``size`` and ``version`` (its newest reader's)."""
-        if not version.startswith("ETag="):  # only an ETag can condition an early GET
+        if not conditional(version):
             return
         key = (url, int(size), version)
         with self._lock:

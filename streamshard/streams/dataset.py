@@ -115,6 +115,10 @@ class ParquetStream(PlannedStream):
             adds a bool per list value to every batch).
     """
 
+    # Set by StreamLoader with thread workers around set_epoch: the catalog may then come from this
+    # process's last listing of the paths, confirmed before any row leaves (confirm_catalog).
+    _speculate: bool = False
+
     def __init__(
         self,
         paths: str | Sequence[str],
@@ -223,7 +227,7 @@ class ParquetStream(PlannedStream):
             elif share.may_have_workers():
                 catalog = share.get(lambda: build(False))
             else:  # StreamLoader's thread workers confirm a catalog of the last listing before any row leaves
-                catalog = build(False, getattr(self, "_speculate", False))
+                catalog = build(False, self._speculate)
             self._converter = self._make_converter(catalog)
             self._catalog = catalog
         return self._catalog

@@ -643,9 +643,9 @@ class PackedStream(WeightSteering, PlannedStream):
 
     def _stage_counted(self, k: int, tokens: np.ndarray, cache: bool) -> None:
         """A stage of corpus ``k`` split over the ranks is counted: published for this process's worker
-        processes, if it has any (they may wait for it), then saved to the count cache (``cache``: one
-        rank of the group saves). A cache that cannot be written raises, after the publishing: the
-        counting job keeps it to a warning (``streams/stage_counting.py``), and the split goes on."""
+        processes, if it has any (they may be waiting for it: first, before the cache's lock and
+        rewrite), then saved to the count cache (``cache``: one rank of the group saves). Failures of
+        either are warnings (the cache warns itself): the split's other ranks go on regardless."""
         if self._count_share.copied():
             try:
                 self._count_share.publish(_share_name(k), tokens)
@@ -713,13 +713,13 @@ class PackedStream(WeightSteering, PlannedStream):
             if corpus is not None and len(corpus.stages):  # else no positions, or no rows: nothing to count
                 self._count_first(k, corpus.stages.units(0), distributed, f"(the first stage of a blend's epoch {epoch})")
         group = self.corpora[0]._catalog_group  # the default group's ranks, or a mesh's data-parallel group
-        split = distributed and all(ds._catalog_group is group for ds in self.corpora) \
-            and collective.process_group(group) is not None
-        service = rank_counting(group) if split else None
+        shared = distributed and all(ds._catalog_group is group for ds in self.corpora)
+        place = collective.process_group(group) if shared else None
+        service = rank_counting(group) if place is not None else None
         if service is not None:
             # Every rank of the group is here, in the same order: each corpus's later stages, stage i of
             # every corpus before stage i + 1 of any, are split over its ranks by the counting group's thread.
-            rank, world = collective.process_group(group) or (0, 1)
+            rank, world = place
             # A corpus's claim of its later stages goes from job to job (each beats it), let go by its last.
             claims = [self._claim_for_workers(k, c.stages.order[c.stages.bounds[1]:])
                       if c is not None and len(c.stages) > 1 else None for k, c in enumerate(corpora)]
