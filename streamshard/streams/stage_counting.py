@@ -29,7 +29,8 @@ gather, so no process ends inside a collective (gloo then aborts it) and none wa
 will not come. Without a process group (one process, DataLoader worker processes) nothing here
 runs: the stages are counted alone as before. A rank's DataLoader worker processes never join the
 group: they wait for what it counts (a claim of the later stages in their count share, made when
-the job is added, beaten every round, released when the job ends or the rank leaves the group;
+the job is added, beaten every round, released when the job ends, or a staged blend's corpus's last
+job ends, or the rank leaves the group;
 the counts published there stage by stage: ``io/count_share.py``) instead of counting it again.
 """
 
